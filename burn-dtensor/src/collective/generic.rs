@@ -54,6 +54,12 @@ fn reduce_group<B: Backend, K: Kind<B>>(shards: &[K::P], group: &[usize], op: Re
             if K::device(&x) == dev0 { x } else { K::to_device(x, &dev0) }
         })
         .collect();
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if level.len() > 1
+        && let Some(r) = super::cube::try_reduce(&level, op)
+    {
+        return r;
+    }
     let parallel = threads_for::<B>() && level[0].shape().num_elements() >= par_min();
     while level.len() > 1 {
         let odd = (level.len() % 2 == 1).then(|| level.pop().unwrap());
@@ -70,6 +76,19 @@ fn reduce_group<B: Backend, K: Kind<B>>(shards: &[K::P], group: &[usize], op: Re
         level.extend(odd);
     }
     level.pop().expect("a group has at least one member")
+}
+
+/// The one-launch CubeCL concatenation of the non-empty parts, when it applies.
+#[allow(unused_variables)]
+fn fused_cat<B: Backend, K: Kind<B>>(parts: &[K::P], dim: usize) -> Option<K::P> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    {
+        let nonempty: Vec<K::P> = parts.iter().filter(|p| p.shape().num_elements() > 0).cloned().collect();
+        if nonempty.len() > 1 {
+            return super::cube::try_cat(&nonempty, dim);
+        }
+    }
+    None
 }
 
 /// All-reduce along `axis`: every device ends with the `op`-reduction of its group's shards.
@@ -97,8 +116,8 @@ pub fn all_gather<B: Backend, K: Kind<B>>(shards: &mut [K::P], topo: &MeshTopolo
                 let x = shards[i].clone();
                 if K::device(&x) == dev0 { x } else { K::to_device(x, &dev0) }
             })
-            .collect();
-        let full = K::cat(parts, dim);
+            .collect::<Vec<_>>();
+        let full = fused_cat::<B, K>(&parts, dim).unwrap_or_else(|| K::cat(parts, dim));
         bytes += (k - 1) * nbytes(&full);
         set_group::<B, K>(shards, &group, full);
     }

@@ -6,6 +6,12 @@
 //! they run on any Burn backend, virtual devices included. Every call is recorded in the
 //! current [`CommDebugMode`](crate::CommDebugMode) scope.
 
+//! With the `wgpu` or `cuda` feature, [`cube`] runs the collectives of a group whose shards sit
+//! on one device as a single CubeCL kernel launch; [`generic`] uses it when the inner primitive
+//! is a `CubeTensor` and falls back to the backend's ops otherwise.
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod cube;
 pub mod generic;
 
 pub use generic::{all_gather, all_reduce, all_to_all, broadcast, local_chunk, reduce_scatter};

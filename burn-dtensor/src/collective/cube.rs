@@ -1,0 +1,307 @@
+//! Collectives as CubeCL kernels, for CubeCL inner backends (`burn-wgpu`, `burn-cuda`).
+//!
+//! When every shard of a group sits on one device (virtual devices on one GPU, or the software
+//! Vulkan device in CI), the group's collective is **one kernel launch over the N shards**:
+//!
+//! - all-reduce and reduce-scatter: [`group_reduce_kernel`] reads the N shard buffers (a
+//!   `Sequence` of arrays, unrolled at compile time) and writes the element-wise sum / max / min
+//!   once; reduce-scatter then hands each member a view (a slice, no copy) of its chunk;
+//! - all-gather: [`group_cat_kernel`] writes the concatenation along the gathered dim, each
+//!   output element read from the shard that owns its column (uneven shards included).
+//!
+//! The generic path would do `N - 1` pairwise adds (each a launch and a fresh buffer) or a
+//! `cat`. Both kernels are vectorised (`Vector<T, N>` loads) with the widest vector size the
+//! device offers that divides the row widths; sizes that are not multiples fall back to narrower
+//! vectors, down to scalars. Inputs that are not contiguous are made contiguous first.
+//!
+//! The path is taken from [`super::generic`] by a type test on the inner primitive
+//! (`CubeTensor<WgpuRuntime>` or `CubeTensor<CudaRuntime>`); any other backend, a dtype the
+//! kernels do not handle (quantized, native bool, flex32), empty tensors or shards on different
+//! devices fall back to the generic path. [`kernel_launches`] counts the launches so tests can
+//! check the path was taken.
+
+use std::any::Any;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use burn::tensor::{BoolStore, DType, Shape, TensorMetadata};
+use burn_cubecl::CubeRuntime;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::calculate_cube_count_elemwise;
+use cubecl::prelude::*;
+
+use crate::layout::ReduceOp;
+
+static LAUNCHES: AtomicU64 = AtomicU64::new(0);
+
+/// Number of collective kernel launches since the process started (all threads). Tests read it
+/// before and after a collective to check that the one-launch path was taken.
+pub fn kernel_launches() -> u64 {
+    LAUNCHES.load(Ordering::Relaxed)
+}
+
+/// The element-wise combination of a reduction, chosen at kernel compile time.
+#[derive(CubeType, Clone, Copy, Hash, PartialEq, Eq, Debug)]
+pub(crate) enum Combine {
+    /// `a + b`.
+    Sum,
+    /// `max(a, b)`.
+    Max,
+    /// `min(a, b)`.
+    Min,
+}
+
+impl From<ReduceOp> for Combine {
+    fn from(op: ReduceOp) -> Self {
+        match op {
+            ReduceOp::Sum => Combine::Sum,
+            ReduceOp::Max => Combine::Max,
+            ReduceOp::Min => Combine::Min,
+        }
+    }
+}
+
+/// `output[i] = inputs[0][i] ⊕ inputs[1][i] ⊕ ... ⊕ inputs[n-1][i]` over vectors of `N`
+/// elements, left to right (the same order as a chain of pairwise adds). `n` is the sequence's
+/// length, fixed when the kernel is compiled (one compiled kernel per group size).
+#[cube(launch_unchecked)]
+pub(crate) fn group_reduce_kernel<T: Numeric, N: Size>(
+    inputs: &Sequence<Array<Vector<T, N>>>,
+    output: &mut Array<Vector<T, N>>,
+    #[comptime] op: Combine,
+    #[define(T)] _dtype: StorageType,
+) {
+    let pos = ABSOLUTE_POS;
+    if pos >= output.len() {
+        terminate!();
+    }
+    let n = inputs.len().comptime();
+    let mut acc = inputs[0][pos];
+    #[unroll]
+    for i in 1..n {
+        let x = inputs[i][pos];
+        match op {
+            Combine::Sum => {
+                acc += x;
+            }
+            Combine::Max => {
+                acc = clamp_min(acc, x);
+            }
+            Combine::Min => {
+                acc = clamp_max(acc, x);
+            }
+        }
+    }
+    output[pos] = acc;
+}
+
+/// Concatenation of the inputs along one dim, with the tensors viewed as `[rows, width]`
+/// matrices (`rows` = product of the dims before the gathered one; an input's `width` = its
+/// gathered dim times the dims after it, in vectors of `N`). Output element `(r, c)` comes from
+/// the input whose column range holds `c`.
+#[cube(launch_unchecked)]
+pub(crate) fn group_cat_kernel<T: Numeric, N: Size>(
+    inputs: &Sequence<Array<Vector<T, N>>>,
+    output: &mut Array<Vector<T, N>>,
+    widths: &Sequence<usize>,
+    total_width: usize,
+    #[define(T)] _dtype: StorageType,
+) {
+    let pos = ABSOLUTE_POS;
+    if pos >= output.len() {
+        terminate!();
+    }
+    let row = pos / total_width;
+    let col = pos % total_width;
+    let n = inputs.len().comptime();
+    let mut start = 0usize;
+    #[unroll]
+    for i in 0..n {
+        let w = widths[i];
+        if col >= start && col < start + w {
+            output[pos] = inputs[i][row * w + col - start];
+        }
+        start += w;
+    }
+}
+
+/// Dtypes the kernels handle (plain numeric storage).
+fn supported(dtype: DType) -> bool {
+    match dtype {
+        DType::F64 | DType::F32 | DType::F16 | DType::BF16 => true,
+        DType::I64 | DType::I32 | DType::I16 | DType::I8 => true,
+        DType::U64 | DType::U32 | DType::U16 | DType::U8 => true,
+        DType::Bool(BoolStore::U8 | BoolStore::U32) => true,
+        _ => false,
+    }
+}
+
+/// Widest vector size the device offers for `dtype` that divides every one of `counts`.
+fn vector_size<R: CubeRuntime>(t: &CubeTensor<R>, counts: &[usize]) -> usize {
+    t.client
+        .io_optimized_vector_sizes(t.dtype.size())
+        .filter(|&v| counts.iter().all(|c| c % v == 0))
+        .max()
+        .unwrap_or(1)
+}
+
+/// The parts as `CubeTensor<R>`s, when `P` is `CubeTensor<R>`, all parts share a device and a
+/// supported dtype, and none is empty.
+fn as_cube<R: CubeRuntime, P: 'static>(parts: &[P]) -> Option<Vec<CubeTensor<R>>> {
+    let mut out = Vec::with_capacity(parts.len());
+    for p in parts {
+        let t = (p as &dyn Any).downcast_ref::<CubeTensor<R>>()?;
+        if t.qparams.is_some() || !supported(t.dtype) || t.shape().num_elements() == 0 {
+            return None;
+        }
+        if let Some(first) = out.first() {
+            let first: &CubeTensor<R> = first;
+            if first.device != t.device || first.dtype != t.dtype {
+                return None;
+            }
+        }
+        out.push(into_contiguous(t.clone()));
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+fn from_cube<R: CubeRuntime, P: 'static>(t: CubeTensor<R>) -> P {
+    *(Box::new(t) as Box<dyn Any>)
+        .downcast::<P>()
+        .expect("burn-dtensor: CubeTensor round trip")
+}
+
+/// The buffer of `t` as an array argument. Its length is given in elements; the kernel's
+/// `len()` counts vectors of the launch's vector size.
+fn array_arg<R: CubeRuntime>(t: &CubeTensor<R>) -> ArrayArg<R> {
+    // SAFETY: `t` is contiguous (made so in `as_cube`, or freshly allocated) and holds
+    // `num_elements` values of its dtype.
+    unsafe { ArrayArg::from_raw_parts(t.handle.clone(), t.shape().num_elements()) }
+}
+
+fn launch_dims<R: CubeRuntime>(t: &CubeTensor<R>, units: usize) -> (CubeCount, CubeDim) {
+    let cube_dim = CubeDim::new(&t.client, units);
+    (
+        calculate_cube_count_elemwise(&t.client, units, cube_dim),
+        cube_dim,
+    )
+}
+
+fn reduce_on<R: CubeRuntime>(parts: Vec<CubeTensor<R>>, op: ReduceOp) -> Option<CubeTensor<R>> {
+    let shape = parts[0].shape();
+    if parts.iter().any(|p| p.shape() != shape) {
+        return None;
+    }
+    if parts.len() == 1 {
+        return parts.into_iter().next();
+    }
+    let len = shape.num_elements();
+    let first = &parts[0];
+    let vector = vector_size(first, &[len]);
+    let output = empty_device_dtype(
+        first.client.clone(),
+        first.device.clone(),
+        shape,
+        first.dtype,
+    );
+    let mut inputs = SequenceArg::new();
+    for p in &parts {
+        inputs.push(array_arg(p));
+    }
+    let (count, dim) = launch_dims(first, len / vector);
+    // SAFETY: every input and the output hold `len / vector` vectors; the kernel guards
+    // `ABSOLUTE_POS < output.len()`.
+    unsafe {
+        group_reduce_kernel::launch_unchecked::<R>(
+            &first.client,
+            count,
+            dim,
+            vector,
+            inputs,
+            array_arg(&output),
+            op.into(),
+            first.dtype.into(),
+        );
+    }
+    LAUNCHES.fetch_add(1, Ordering::Relaxed);
+    Some(output)
+}
+
+fn cat_on<R: CubeRuntime>(parts: Vec<CubeTensor<R>>, dim: usize) -> Option<CubeTensor<R>> {
+    let shape0 = parts[0].shape();
+    let rank = shape0.num_dims();
+    if dim >= rank
+        || parts.iter().any(|p| {
+            p.shape().num_dims() != rank || (0..rank).any(|d| d != dim && p.shape()[d] != shape0[d])
+        })
+    {
+        return None;
+    }
+    if parts.len() == 1 {
+        return parts.into_iter().next();
+    }
+    let rows: usize = shape0.iter().take(dim).product();
+    let inner: usize = shape0.iter().skip(dim + 1).product();
+    let widths: Vec<usize> = parts.iter().map(|p| p.shape()[dim] * inner).collect();
+    let total: usize = widths.iter().sum();
+    let first = &parts[0];
+    let vector = vector_size(first, &widths);
+    let mut out_shape: Vec<usize> = shape0.iter().copied().collect();
+    out_shape[dim] = parts.iter().map(|p| p.shape()[dim]).sum();
+    let output = empty_device_dtype(
+        first.client.clone(),
+        first.device.clone(),
+        Shape::from(out_shape),
+        first.dtype,
+    );
+    let mut inputs = SequenceArg::new();
+    for p in &parts {
+        inputs.push(array_arg(p));
+    }
+    let widths_arg: SequenceArg<R, usize> = widths.iter().map(|w| w / vector).collect();
+    let (count, cube_dim) = launch_dims(first, rows * total / vector);
+    // SAFETY: input `i` holds `rows * widths[i] / vector` vectors and the kernel reads row `r`,
+    // column `c - start_i < widths[i] / vector` of it; the output holds `rows * total / vector`.
+    unsafe {
+        group_cat_kernel::launch_unchecked::<R>(
+            &first.client,
+            count,
+            cube_dim,
+            vector,
+            inputs,
+            array_arg(&output),
+            widths_arg,
+            total / vector,
+            first.dtype.into(),
+        );
+    }
+    LAUNCHES.fetch_add(1, Ordering::Relaxed);
+    Some(output)
+}
+
+macro_rules! for_runtimes {
+    ($parts:expr, $f:ident, $arg:expr) => {{
+        #[cfg(feature = "wgpu")]
+        if let Some(ts) = as_cube::<burn::backend::wgpu::WgpuRuntime, P>($parts) {
+            return $f(ts, $arg).map(from_cube::<burn::backend::wgpu::WgpuRuntime, P>);
+        }
+        #[cfg(feature = "cuda")]
+        if let Some(ts) = as_cube::<cubecl::cuda::CudaRuntime, P>($parts) {
+            return $f(ts, $arg).map(from_cube::<cubecl::cuda::CudaRuntime, P>);
+        }
+        None
+    }};
+}
+
+/// The `op`-reduction of `parts` (same shape, same device) in one kernel launch, or `None` when
+/// the fused path does not apply (see the module docs) and the caller must use the generic one.
+pub fn try_reduce<P: 'static>(parts: &[P], op: ReduceOp) -> Option<P> {
+    for_runtimes!(parts, reduce_on, op)
+}
+
+/// The concatenation of `parts` along `dim` (same device) in one kernel launch, or `None` when
+/// the fused path does not apply. Empty parts must have been removed by the caller.
+pub fn try_cat<P: 'static>(parts: &[P], dim: usize) -> Option<P> {
+    for_runtimes!(parts, cat_on, dim)
+}
