@@ -2,7 +2,8 @@
 //! data, model and spatial mode on 8 virtual devices, inner NdArray and Flex; forward-only
 //! inference; the decorator's overhead (a mesh of one device against the bare backend); and a
 //! larger MLP (20000 -> 4096 -> 2, global batch 256) in the three modes, with its per-device
-//! parameter memory printed.
+//! parameter memory printed. With `--features wgpu` (`cuda`) the IMDB step also runs on Wgpu
+//! (Cuda) when a device is found.
 //!
 //! `DTENSOR_BENCH_FULL=1 cargo bench --bench imdb_step` (the large MLP at its real size; without
 //! the variable it uses 200 -> 64 -> 2). Under `cargo test --all-targets` each bench runs once as
@@ -32,7 +33,33 @@ fn batch(n: usize, width: usize, seed: u64) -> (TensorData, TensorData) {
 }
 
 fn distributed<I: Backend>(mode: Mode) -> Distributed<I> {
-    Distributed::new(mode.default_mesh(), 8, Default::default(), LayoutMap::from_toml_str(mode.default_layout_map()).unwrap()).unwrap()
+    distributed_on::<I>(mode, Default::default())
+}
+
+fn distributed_on<I: Backend>(mode: Mode, device: I::Device) -> Distributed<I> {
+    Distributed::new(mode.default_mesh(), 8, device, LayoutMap::from_toml_str(mode.default_layout_map()).unwrap()).unwrap()
+}
+
+/// The IMDB step in the four modes on inner backend `I`.
+fn modes<I: Backend>(c: &mut Criterion, backend: &str, device: I::Device, dims: (usize, usize, usize)) {
+    for mode in [Mode::Single, Mode::Data, Mode::Model, Mode::Spatial] {
+        let name = format!("imdb/{backend}/{mode:?}").to_lowercase();
+        match mode {
+            Mode::Single => bench_step(c, &name, &Single::<I> { device: device.clone() }, dims, 64),
+            m => bench_step(c, &name, &distributed_on::<I>(m, device.clone()), dims, 64),
+        }
+    }
+}
+
+/// Whether a GPU backend finds a device here (benches skip it otherwise).
+#[allow(dead_code)]
+fn available<I: Backend>(device: &I::Device) -> bool {
+    let d = device.clone();
+    let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || Tensor::<I, 1>::zeros([1], &d).into_data())).is_ok();
+    if !ok {
+        eprintln!("skipped: no device for {}", std::any::type_name::<I>());
+    }
+    ok
 }
 
 fn bench_step<P: Placement>(c: &mut Criterion, name: &str, p: &P, dims: (usize, usize, usize), n: usize) {
@@ -73,19 +100,15 @@ impl<B: burn_dtensor::DistributedOps> ModuleVisitor<B> for Bytes {
 
 fn imdb(c: &mut Criterion) {
     let dims = (1200, 48, 2);
-    for backend in ["ndarray", "flex"] {
-        let run = |c: &mut Criterion, mode: Mode| {
-            let name = format!("imdb/{backend}/{mode:?}").to_lowercase();
-            match (backend, mode) {
-                ("ndarray", Mode::Single) => bench_step(c, &name, &Single::<NdArray> { device: Default::default() }, dims, 64),
-                ("ndarray", m) => bench_step(c, &name, &distributed::<NdArray>(m), dims, 64),
-                (_, Mode::Single) => bench_step(c, &name, &Single::<Flex> { device: Default::default() }, dims, 64),
-                (_, m) => bench_step(c, &name, &distributed::<Flex>(m), dims, 64),
-            }
-        };
-        for mode in [Mode::Single, Mode::Data, Mode::Model, Mode::Spatial] {
-            run(c, mode);
-        }
+    modes::<NdArray>(c, "ndarray", Default::default(), dims);
+    modes::<Flex>(c, "flex", Default::default(), dims);
+    #[cfg(feature = "wgpu")]
+    if available::<burn::backend::Wgpu>(&burn::backend::wgpu::WgpuDevice::Cpu) {
+        modes::<burn::backend::Wgpu>(c, "wgpu", burn::backend::wgpu::WgpuDevice::Cpu, dims);
+    }
+    #[cfg(feature = "cuda")]
+    if available::<burn::backend::Cuda>(&Default::default()) {
+        modes::<burn::backend::Cuda>(c, "cuda", Default::default(), dims);
     }
     // Decorator overhead: a mesh of one device against the bare backend.
     let one = Distributed::<NdArray>::new("batch=1", 1, Default::default(), LayoutMap::new()).unwrap();
@@ -101,6 +124,7 @@ fn large(c: &mut Criterion) {
     ImdbMlp::<<Distributed<NdArray> as Placement>::AD>::with_dims(dims.0, dims.1, dims.2, &one.device()).visit(&mut v);
     let single_bytes = v.0[0];
     eprintln!("large MLP {dims:?}: single-device parameter bytes {single_bytes}");
+    bench_step(c, "large_mlp/single", &Single::<NdArray> { device: Default::default() }, dims, n);
     for mode in [Mode::Data, Mode::Model, Mode::Spatial] {
         let p = distributed::<NdArray>(mode);
         let m = p.prepare_model(ImdbMlp::with_dims(dims.0, dims.1, dims.2, &p.device())).unwrap();

@@ -1,6 +1,6 @@
 //! The CubeCL collective kernels (`collective::cube`): all-reduce (sum, max, min), reduce-scatter
-//! and all-gather as one kernel launch per mesh group, on Wgpu (Mesa's software Vulkan device in
-//! CI) and Cuda. Each case checks every device's shard against values computed on the host, and
+//! and all-gather as one kernel launch per mesh group (all-to-all: one per device), on Wgpu
+//! (Mesa's software Vulkan device in CI) and Cuda. Each case checks every device's shard against values computed on the host, and
 //! that the one-launch path was taken (the launch counter moves by exactly one per group).
 //!
 //! Sizes are chosen so that most are not multiples of the vector width (1, 3, 35, 1027 elements;
@@ -173,6 +173,22 @@ pub fn all_gather_uneven<I: Backend>(device: I::Device) {
     }
 }
 
+/// All-to-all from rows sharded (3, 2, 2 of 7) to columns sharded (2, 2, 1 of 5): each device
+/// assembles its columns in one launch.
+pub fn all_to_all_uneven<I: Backend>(device: I::Device) {
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let mesh = Mesh::new([("x", 3)], vec![device.clone(); 3]).unwrap();
+    let data = TensorData::new(values(35, 9), [7, 5]);
+    let full = data.to_vec::<f32>().unwrap();
+    let t: Tensor<DistributedBackend<I>, 2> = distribute(data, &mesh, &Layout::new(&mesh, ["x", "unsharded"]).unwrap()).unwrap();
+    let (out, l) = launches(|| shards_f32(relayout(t, &Layout::new(&mesh, ["unsharded", "x"]).unwrap()).unwrap()));
+    assert_eq!(l, 3, "one launch per device");
+    for (d, cols) in [0..2usize, 2..4, 4..5].into_iter().enumerate() {
+        let want: Vec<f32> = (0..7).flat_map(|r| cols.clone().map(move |c| (r, c))).map(|(r, c)| full[r * 5 + c]).collect();
+        assert_eq!(out[d], (vec![7, cols.len()], want), "device {d}");
+    }
+}
+
 /// A model-parallel matmul (contracting dim sharded) settles its partial sum with the kernel and
 /// equals the inner backend on the whole tensor.
 pub fn partial_matmul<I: Backend>(device: I::Device) {
@@ -241,6 +257,12 @@ macro_rules! suite {
             fn all_gather_uneven() {
                 if super::available::<$backend>(&$device) {
                     super::all_gather_uneven::<$backend>($device);
+                }
+            }
+            #[test]
+            fn all_to_all_uneven() {
+                if super::available::<$backend>(&$device) {
+                    super::all_to_all_uneven::<$backend>($device);
                 }
             }
             #[test]

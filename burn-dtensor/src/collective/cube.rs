@@ -7,7 +7,8 @@
 //!   `Sequence` of arrays, unrolled at compile time) and writes the element-wise sum / max / min
 //!   once; reduce-scatter then hands each member a view (a slice, no copy) of its chunk;
 //! - all-gather: [`group_cat_kernel`] writes the concatenation along the gathered dim, each
-//!   output element read from the shard that owns its column (uneven shards included).
+//!   output element read from the shard that owns its column (uneven shards included);
+//! - all-to-all: each device assembles its new shard from the N pieces with the same kernel.
 //!
 //! The generic path would do `N - 1` pairwise adds (each a launch and a fresh buffer) or a
 //! `cat`. Both kernels are vectorised (`Vector<T, N>` loads) with the widest vector size the
@@ -21,7 +22,7 @@
 //! check the path was taken.
 
 use std::any::Any;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use burn::tensor::{BoolStore, DType, Shape, TensorMetadata};
 use burn_cubecl::CubeRuntime;
@@ -34,6 +35,13 @@ use cubecl::prelude::*;
 use crate::layout::ReduceOp;
 
 static LAUNCHES: AtomicU64 = AtomicU64::new(0);
+static ENABLED: AtomicBool = AtomicBool::new(true);
+
+/// Switches the kernel path on (the default) or off, process-wide. Off, CubeCL backends use the
+/// generic path (pairwise inner-backend adds and `cat`): benches compare the two this way.
+pub fn set_kernels_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
 
 /// Number of collective kernel launches since the process started (all threads). Tests read it
 /// before and after a collective to check that the one-launch path was taken.
@@ -149,6 +157,9 @@ fn vector_size<R: CubeRuntime>(t: &CubeTensor<R>, counts: &[usize]) -> usize {
 /// The parts as `CubeTensor<R>`s, when `P` is `CubeTensor<R>`, all parts share a device and a
 /// supported dtype, and none is empty.
 fn as_cube<R: CubeRuntime, P: 'static>(parts: &[P]) -> Option<Vec<CubeTensor<R>>> {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return None;
+    }
     let mut out = Vec::with_capacity(parts.len());
     for p in parts {
         let t = (p as &dyn Any).downcast_ref::<CubeTensor<R>>()?;

@@ -157,8 +157,8 @@ pub fn all_to_all<B: Backend, K: Kind<B>>(shards: &mut [K::P], topo: &MeshTopolo
                     let piece = narrow::<B, K>(p.clone(), to_dim, chunk(n_to, k, c));
                     if K::device(&piece) == dev { piece } else { K::to_device(piece, &dev) }
                 })
-                .collect();
-            shards[i] = K::cat(parts, from_dim);
+                .collect::<Vec<_>>();
+            shards[i] = fused_cat::<B, K>(&parts, from_dim).unwrap_or_else(|| K::cat(parts, from_dim));
             bytes += nbytes(&olds[c]) * (k as u64 - 1) / k as u64;
         }
     }
