@@ -58,3 +58,10 @@ impl<B: Backend> Backend for DistributedBackend<B> {
         1
     }
 }
+
+/// With the `nccl` feature, Burn's `distributed` feature is on and `Autodiff<B>` requires Burn's
+/// collective trait of its inner backend. The decorator runs its own collectives (see
+/// [`crate::collective`]), so it keeps the trait's defaults: Burn's data-parallel gradient sync
+/// (`DistributedParams` on parameters) is not supported on it; shard with a layout map instead.
+#[cfg(feature = "nccl")]
+impl<B: Backend> burn::tensor::backend::distributed::DistributedBackend for DistributedBackend<B> {}

@@ -96,6 +96,17 @@ pub fn all_reduce<B: Backend, K: Kind<B>>(shards: &mut [K::P], topo: &MeshTopolo
     let k = topo.axis_size(axis) as u64;
     let mut bytes = 0;
     for group in topo.groups(axis) {
+        #[cfg(all(feature = "cuda", feature = "nccl"))]
+        {
+            let members: Vec<K::P> = group.iter().map(|&i| shards[i].clone()).collect();
+            if let Some(reduced) = super::nccl::try_all_reduce(&members, op) {
+                bytes += 2 * (k - 1) * nbytes(&reduced[0]);
+                for (&i, r) in group.iter().zip(reduced) {
+                    shards[i] = r;
+                }
+                continue;
+            }
+        }
         let acc = reduce_group::<B, K>(shards, &group, op);
         bytes += 2 * (k - 1) * nbytes(&acc);
         set_group::<B, K>(shards, &group, acc);

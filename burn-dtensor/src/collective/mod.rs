@@ -8,10 +8,13 @@
 
 //! With the `wgpu` or `cuda` feature, [`cube`] runs the collectives of a group whose shards sit
 //! on one device as a single CubeCL kernel launch; [`generic`] uses it when the inner primitive
-//! is a `CubeTensor` and falls back to the backend's ops otherwise.
+//! is a `CubeTensor` and falls back to the backend's ops otherwise. With the `nccl` feature,
+//! [`nccl`] runs sum all-reduces across distinct CUDA devices with NCCL.
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod cube;
 pub mod generic;
+#[cfg(all(feature = "cuda", feature = "nccl"))]
+pub mod nccl;
 
 pub use generic::{all_gather, all_reduce, all_to_all, broadcast, local_chunk, reduce_scatter};
