@@ -28,6 +28,12 @@ pub enum ReduceOp {
 /// Per-dim placement.
 pub type DimSpec = Option<usize>;
 
+/// One [`DimSpec`] per tensor dim, inline up to rank 6 (layouts are built for every op, so they
+/// avoid the heap).
+pub(crate) type DimSpecs = smallvec::SmallVec<[DimSpec; 6]>;
+/// One pending reduction (or none) per mesh axis, inline up to 4 axes.
+pub(crate) type Partials = smallvec::SmallVec<[Option<ReduceOp>; 4]>;
+
 /// A tensor's layout on a mesh: one entry per tensor dim (`None` = unsharded, `Some(a)` = sharded
 /// over mesh axis `a`, each axis at most once) and, per mesh axis, an optional pending reduction.
 ///
@@ -38,8 +44,8 @@ pub type DimSpec = Option<usize>;
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Layout {
     pub(crate) mesh: Arc<MeshTopology>,
-    pub(crate) dims: Vec<DimSpec>,
-    pub(crate) partial: Vec<Option<ReduceOp>>,
+    pub(crate) dims: DimSpecs,
+    pub(crate) partial: Partials,
 }
 
 impl fmt::Debug for Layout {
@@ -76,7 +82,7 @@ impl Layout {
             }
             dims.push(Some(a));
         }
-        Ok(Self { mesh: mesh.clone(), partial: vec![None; mesh.ndim()], dims })
+        Ok(Self { mesh: mesh.clone(), partial: smallvec::smallvec![None; mesh.ndim()], dims: dims.into() })
     }
 
     /// Every dim unsharded (each device holds the whole tensor).
@@ -85,7 +91,7 @@ impl Layout {
     }
 
     pub(crate) fn replicated_on(mesh: &Arc<MeshTopology>, rank: usize) -> Self {
-        Self { mesh: mesh.clone(), dims: vec![None; rank], partial: vec![None; mesh.ndim()] }
+        Self { mesh: mesh.clone(), dims: smallvec::smallvec![None; rank], partial: smallvec::smallvec![None; mesh.ndim()] }
     }
 
     /// Dim 0 sharded over `axis`, the rest unsharded (TensorFlow DTensor's `Layout.batch_sharded`).

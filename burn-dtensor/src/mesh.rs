@@ -189,8 +189,25 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
     }
 
     /// Looks a mesh up by the id Burn's `DeviceId::index_id` carries.
+    ///
+    /// Burn asks for a tensor's device several times per op, so each thread keeps the last entry
+    /// it looked up (entries never change once registered) and skips the global lock.
     pub(crate) fn from_registry(id: u16) -> Option<Self> {
-        registry().lock().unwrap().get(id as usize).and_then(|e| e.downcast_ref::<Mesh<D>>().cloned())
+        thread_local! {
+            static LAST: std::cell::RefCell<Option<(u16, Entry)>> = const { std::cell::RefCell::new(None) };
+        }
+        LAST.with(|last| {
+            if let Some((i, e)) = &*last.borrow()
+                && *i == id
+                && let Some(m) = e.downcast_ref::<Mesh<D>>()
+            {
+                return Some(m.clone());
+            }
+            let e = registry().lock().unwrap().get(id as usize).cloned()?;
+            let m = e.downcast_ref::<Mesh<D>>().cloned();
+            *last.borrow_mut() = Some((id, e));
+            m
+        })
     }
 }
 

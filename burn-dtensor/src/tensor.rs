@@ -22,7 +22,8 @@ pub struct DTensor<P> {
     pub(crate) shards: Vec<P>,
     /// Memoised reduction of a partial tensor, shared by clones, so that two consumers of one
     /// partial result (say a gradient used twice by Adam) trigger one all-reduce, not two.
-    pub(crate) reduced: Arc<OnceLock<Box<DTensor<P>>>>,
+    /// Allocated only for partial layouts (the others have nothing to memoise).
+    pub(crate) reduced: Option<Arc<OnceLock<Box<DTensor<P>>>>>,
 }
 
 impl<P> DTensor<P> {
@@ -30,7 +31,8 @@ impl<P> DTensor<P> {
     pub(crate) fn from_parts(shape: Vec<usize>, layout: Layout, shards: Vec<P>) -> Self {
         debug_assert_eq!(layout.rank(), shape.len(), "layout {layout} vs shape {shape:?}");
         debug_assert_eq!(layout.mesh.size(), shards.len());
-        Self { shape, layout, shards, reduced: Arc::default() }
+        let reduced = layout.is_partial().then(Arc::default);
+        Self { shape, layout, shards, reduced }
     }
     /// The global shape.
     pub fn global_shape(&self) -> &[usize] {
@@ -59,7 +61,7 @@ impl<P: TensorMetadata> TensorMetadata for DTensor<P> {
         self.shards[0].dtype()
     }
     fn shape(&self) -> Shape {
-        Shape::from(self.shape.clone())
+        Shape::from(&self.shape[..])
     }
 }
 

@@ -4,7 +4,7 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Slice, TensorData, TensorMetadata};
 
-use super::dispatch::{run1, run2, run3, run_n};
+use super::dispatch::{is_solo, only, run1, run2, run3, run_n, solo};
 use crate::layout::Layout;
 use crate::mesh::Mesh;
 use crate::rules::pointwise::{Linearity, broadcast_shape, nary};
@@ -27,7 +27,7 @@ pub fn same_mesh(a: &Layout, b: &Layout) {
 /// reduce a second time (e.g. BatchNorm's batch mean, reduced for the normalisation, then
 /// scaled for the running mean).
 fn settled<P: Clone>(t: DTensor<P>) -> DTensor<P> {
-    match t.reduced.get() {
+    match t.reduced.as_ref().and_then(|r| r.get()) {
         Some(r) if t.layout.is_partial() => r.as_ref().clone(),
         _ => t,
     }
@@ -35,6 +35,10 @@ fn settled<P: Clone>(t: DTensor<P>) -> DTensor<P> {
 
 /// Element-wise unary op (shape kept).
 pub fn unary<B: Backend, KI: Kind<B>, KO: Kind<B>>(t: DTensor<KI::P>, lin: Linearity, f: impl Fn(KI::P) -> KO::P + Sync) -> DTensor<KO::P> {
+    if is_solo(&t) {
+        let m = t.layout.mesh.clone();
+        return solo(&m, f(only(t)));
+    }
     let t = settled(t);
     let s = rules::pointwise::unary(&t.layout, lin);
     let shape = t.shape.clone();
@@ -43,6 +47,11 @@ pub fn unary<B: Backend, KI: Kind<B>, KO: Kind<B>>(t: DTensor<KI::P>, lin: Linea
 
 /// Element-wise binary op with broadcasting.
 pub fn binary<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(a: DTensor<K1::P>, b: DTensor<K2::P>, lin: Linearity, f: impl Fn(K1::P, K2::P) -> KO::P + Sync) -> DTensor<KO::P> {
+    same_mesh(&a.layout, &b.layout);
+    if is_solo(&a) {
+        let m = a.layout.mesh.clone();
+        return solo(&m, f(only(a), only(b)));
+    }
     let (a, b) = (settled(a), settled(b));
     same_mesh(&a.layout, &b.layout);
     let out = broadcast_shape(&[&a.shape, &b.shape]);
@@ -52,6 +61,11 @@ pub fn binary<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(a: DTensor<K1::
 
 /// Element-wise binary op that also needs `dims` whole (cross product).
 pub fn binary_along<B: Backend, K: Kind<B>>(a: DTensor<K::P>, b: DTensor<K::P>, dims: &[usize], f: impl Fn(K::P, K::P) -> K::P + Sync) -> DTensor<K::P> {
+    same_mesh(&a.layout, &b.layout);
+    if is_solo(&a) {
+        let m = a.layout.mesh.clone();
+        return solo(&m, f(only(a), only(b)));
+    }
     same_mesh(&a.layout, &b.layout);
     let out = broadcast_shape(&[&a.shape, &b.shape]);
     let mut s = nary(&[(&a.layout, &a.shape), (&b.layout, &b.shape)], &out, Linearity::None);
@@ -63,6 +77,12 @@ pub fn binary_along<B: Backend, K: Kind<B>>(a: DTensor<K::P>, b: DTensor<K::P>, 
 pub fn mask_where<B: Backend, K: Kind<B>, KM: Kind<B>>(t: DTensor<K::P>, mask: DTensor<KM::P>, value: DTensor<K::P>, f: impl Fn(K::P, KM::P, K::P) -> K::P + Sync) -> DTensor<K::P> {
     same_mesh(&t.layout, &mask.layout);
     same_mesh(&t.layout, &value.layout);
+    if is_solo(&t) {
+        let m = t.layout.mesh.clone();
+        return solo(&m, f(only(t), only(mask), only(value)));
+    }
+    same_mesh(&t.layout, &mask.layout);
+    same_mesh(&t.layout, &value.layout);
     let out = broadcast_shape(&[&t.shape, &mask.shape, &value.shape]);
     let s = nary(&[(&t.layout, &t.shape), (&mask.layout, &mask.shape), (&value.layout, &value.shape)], &out, Linearity::None);
     run3::<B, K, KM, K, K>(t, mask, value, &s, out, |_, x, m, v| f(x, m, v))
@@ -70,12 +90,20 @@ pub fn mask_where<B: Backend, K: Kind<B>, KM: Kind<B>>(t: DTensor<K::P>, mask: D
 
 /// An op along `dims` that keeps the rank: those dims whole, the rest per shard.
 pub fn along<B: Backend, KI: Kind<B>, KO: Kind<B>>(t: DTensor<KI::P>, dims: &[usize], shape: Vec<usize>, f: impl Fn(KI::P) -> KO::P + Sync) -> DTensor<KO::P> {
+    if is_solo(&t) {
+        let m = t.layout.mesh.clone();
+        return solo(&m, f(only(t)));
+    }
     let s = rules::along_dims(&t.layout, dims);
     run1::<B, KI, KO>(t, &s, shape, |_, x| f(x))
 }
 
 /// Reduction over `dim` (kept as size 1) with a partial result when `dim` is sharded.
 pub fn reduce_dim<B: Backend, K: Kind<B>>(t: DTensor<K::P>, s: Strategy, dim: usize, f: impl Fn(K::P) -> K::P + Sync) -> DTensor<K::P> {
+    if is_solo(&t) {
+        let m = t.layout.mesh.clone();
+        return solo(&m, f(only(t)));
+    }
     let mut shape = t.shape.clone();
     shape[dim] = 1;
     run1::<B, K, K>(t, &s, shape, |_, x| f(x))
@@ -83,6 +111,10 @@ pub fn reduce_dim<B: Backend, K: Kind<B>>(t: DTensor<K::P>, s: Strategy, dim: us
 
 /// Reduction of all elements to shape `[1]`.
 pub fn reduce_all<B: Backend, K: Kind<B>>(t: DTensor<K::P>, op: crate::ReduceOp, f: impl Fn(K::P) -> K::P + Sync) -> DTensor<K::P> {
+    if is_solo(&t) {
+        let m = t.layout.mesh.clone();
+        return solo(&m, f(only(t)));
+    }
     let t = settled(t);
     let s = reduce::reduce_all(&t.layout, &t.shape, op);
     run1::<B, K, K>(t, &s, vec![1], |_, x| f(x))
@@ -108,6 +140,11 @@ pub fn fix_replicated<P: TensorMetadata>(mut r: DTensor<P>) -> DTensor<P> {
 /// the right value for an empty *contracting* dim (this device's share of a partial sum).
 pub fn matmul<B: Backend, K: Kind<B>>(lhs: DTensor<K::P>, rhs: DTensor<K::P>, f: impl Fn(K::P, K::P) -> K::P + Sync) -> DTensor<K::P> {
     same_mesh(&lhs.layout, &rhs.layout);
+    if is_solo(&lhs) {
+        let m = lhs.layout.mesh.clone();
+        return solo(&m, f(only(lhs), only(rhs)));
+    }
+    same_mesh(&lhs.layout, &rhs.layout);
     let s = rules::matmul::matmul(&lhs.layout, &lhs.shape, &rhs.layout, &rhs.shape);
     let r = lhs.shape.len();
     let bcast = |a: usize, b: usize| if a == 1 { b } else { a };
@@ -126,6 +163,10 @@ pub fn matmul<B: Backend, K: Kind<B>>(lhs: DTensor<K::P>, rhs: DTensor<K::P>, f:
 
 /// `permute(axes)`.
 pub fn permute<B: Backend, K: Kind<B>>(t: DTensor<K::P>, axes: &[usize], f: impl Fn(K::P) -> K::P + Sync) -> DTensor<K::P> {
+    if is_solo(&t) {
+        let m = t.layout.mesh.clone();
+        return solo(&m, f(only(t)));
+    }
     let t = settled(t);
     let s = view::permute(&t.layout, axes);
     let shape = axes.iter().map(|&a| t.shape[a]).collect();
@@ -141,6 +182,10 @@ pub fn swap_dims<B: Backend, K: Kind<B>>(t: DTensor<K::P>, d1: usize, d2: usize,
 
 /// `reshape(shape)`.
 pub fn reshape<B: Backend, K: Kind<B>>(t: DTensor<K::P>, new: Vec<usize>) -> DTensor<K::P> {
+    if is_solo(&t) {
+        let m = t.layout.mesh.clone();
+        return solo(&m, K::reshape(only(t), new.into()));
+    }
     let t = settled(t);
     if t.shape == new {
         return t;
@@ -152,6 +197,10 @@ pub fn reshape<B: Backend, K: Kind<B>>(t: DTensor<K::P>, new: Vec<usize>) -> DTe
 
 /// `expand(shape)`.
 pub fn expand<B: Backend, K: Kind<B>>(t: DTensor<K::P>, new: Vec<usize>, f: impl Fn(K::P, burn::tensor::Shape) -> K::P + Sync) -> DTensor<K::P> {
+    if is_solo(&t) {
+        let m = t.layout.mesh.clone();
+        return solo(&m, f(only(t), new.into()));
+    }
     let t = settled(t);
     let s = view::expand(&t.layout, &t.shape, &new);
     let out = s.output.clone();
@@ -174,6 +223,10 @@ fn local_slices(slices: &[Slice], l: &Layout) -> Vec<Slice> {
 
 /// `slice(slices)`.
 pub fn slice<B: Backend, K: Kind<B>>(t: DTensor<K::P>, slices: &[Slice]) -> DTensor<K::P> {
+    if is_solo(&t) {
+        let m = t.layout.mesh.clone();
+        return solo(&m, K::slice(only(t), slices));
+    }
     let t = settled(t);
     let s = index::slice(&t.layout, &t.shape, slices);
     let shape = t.shape.iter().enumerate().map(|(d, &n)| slices.get(d).map_or(n, |s| s.output_size(n))).collect();
@@ -198,6 +251,11 @@ fn same_off(a: &[usize], b: &[usize], dim: usize) -> bool {
 /// `gather(dim, t, indices)`: per shard when `indices` matches `t` off `dim`, else fallback.
 pub fn gather<B: Backend, K: Kind<B>, KI: Kind<B>>(dim: usize, t: DTensor<K::P>, idx: DTensor<KI::P>, f: impl Fn(usize, K::P, KI::P) -> K::P + Sync) -> DTensor<K::P> {
     same_mesh(&t.layout, &idx.layout);
+    if is_solo(&t) {
+        let m = t.layout.mesh.clone();
+        return solo(&m, f(dim, only(t), only(idx)));
+    }
+    same_mesh(&t.layout, &idx.layout);
     let s = if same_off(&t.shape, &idx.shape, dim) {
         index::along_dim_aligned(&[&t.layout, &idx.layout], dim)
     } else {
@@ -221,6 +279,11 @@ pub fn scatter<B: Backend, K: Kind<B>, KI: Kind<B>>(dim: usize, t: DTensor<K::P>
 
 /// `select(t, dim, indices)`: `dim` whole, indices replicated.
 pub fn select<B: Backend, K: Kind<B>, KI: Kind<B>>(t: DTensor<K::P>, dim: usize, idx: DTensor<KI::P>, f: impl Fn(K::P, usize, KI::P) -> K::P + Sync) -> DTensor<K::P> {
+    same_mesh(&t.layout, &idx.layout);
+    if is_solo(&t) {
+        let m = t.layout.mesh.clone();
+        return solo(&m, f(only(t), dim, only(idx)));
+    }
     same_mesh(&t.layout, &idx.layout);
     let r = rules::unsharded_on(&t.layout, &[dim]);
     let s = Strategy { inputs: vec![r.clone(), Layout::replicated_on(&r.mesh, 1)], output: r };
@@ -265,8 +328,8 @@ pub fn device<B: Backend, P>(t: &DTensor<P>) -> DistributedDevice<B::Device> {
 
 /// Uploads host data replicated on every device of the mesh (once per distinct inner device).
 pub fn from_data<B: Backend, K: Kind<B>>(data: TensorData, device: &DistributedDevice<B::Device>) -> DTensor<K::P> {
-    let shape = data.shape.to_vec();
-    super::dispatch::create::<B, K>(&device.mesh, shape, |d| K::from_data(data.clone(), d))
+    let layout = Layout::replicated(&device.mesh, data.shape.num_dims());
+    distribute::<B, K>(data, &device.mesh, &layout).expect("a replicated layout of the data's own rank on its own mesh")
 }
 
 /// Uploads host data with each device receiving only its chunk under `layout`.
@@ -282,17 +345,24 @@ pub fn distribute<B: Backend, K: Kind<B>>(data: TensorData, mesh: &Mesh<B::Devic
     let settled = layout.without_partial();
     let plan = super::dispatch::dedupe_plan(&[&settled], mesh.devices());
     let computed: Vec<usize> = (0..mesh.size()).filter(|&i| plan[i].is_none()).collect();
-    let whole = settled.dims.iter().all(Option::is_none);
     let mut data = Some(data);
     let mut shards: Vec<K::P> = Vec::with_capacity(mesh.size());
     for (i, dev) in mesh.devices().iter().enumerate() {
         let p = match plan[i] {
             Some(j) => shards[j].clone(),
-            // A replicated upload moves the host buffer into its last upload (no copy on a
-            // single device); a sharded one copies only this device's chunk.
-            None if whole && computed.last() == Some(&i) => K::from_data(data.take().expect("host data"), dev),
-            None if whole => K::from_data(data.clone().expect("host data"), dev),
-            None => K::from_data(host::extract(data.as_ref().expect("host data"), &local_ranges(&settled, &shape, i))?, dev),
+            None => {
+                // A device holding the whole tensor gets the host buffer itself on the last upload
+                // (no copy on a single device or a mesh of one), a copy before; a sharded one
+                // copies only its chunk.
+                let ranges = local_ranges(&settled, &shape, i);
+                let whole = ranges.iter().zip(&shape).all(|(r, &n)| r.start == 0 && r.end == n);
+                let d = match (whole, computed.last() == Some(&i)) {
+                    (true, true) => data.take().expect("host data"),
+                    (true, false) => data.clone().expect("host data"),
+                    (false, _) => host::extract(data.as_ref().expect("host data"), &ranges)?,
+                };
+                K::from_data(d, dev)
+            }
         };
         shards.push(p);
     }

@@ -15,7 +15,10 @@ use crate::tensor::{DTensor, Kind};
 /// For each device: `None` to compute, `Some(j)` to reuse device `j`'s result.
 pub(crate) fn dedupe_plan<D: PartialEq>(layouts: &[&Layout], devices: &[D]) -> Vec<Option<usize>> {
     let topo = &layouts[0].mesh;
-    let mut axes = vec![false; topo.ndim()];
+    if devices.len() == 1 {
+        return vec![None];
+    }
+    let mut axes: smallvec::SmallVec<[bool; 4]> = smallvec::smallvec![false; topo.ndim()];
     for l in layouts {
         for a in l.dims.iter().flatten() {
             axes[*a] = true;
@@ -24,8 +27,9 @@ pub(crate) fn dedupe_plan<D: PartialEq>(layouts: &[&Layout], devices: &[D]) -> V
             axes[a] |= p.is_some();
         }
     }
-    let key = |i: usize| -> Vec<usize> { (0..topo.ndim()).filter(|&a| axes[a]).map(|a| topo.coord(i, a)).collect() };
-    let keys: Vec<Vec<usize>> = (0..devices.len()).map(key).collect();
+    // A device's key: its coordinates on the used axes, as one mixed-radix number.
+    let key = |i: usize| -> usize { (0..topo.ndim()).filter(|&a| axes[a]).fold(0, |k, a| k * topo.axis_size(a) + topo.coord(i, a)) };
+    let keys: Vec<usize> = (0..devices.len()).map(key).collect();
     (0..devices.len()).map(|i| (0..i).find(|&j| keys[j] == keys[i] && devices[j] == devices[i])).collect()
 }
 
@@ -51,6 +55,9 @@ pub(crate) fn threads_for<B>() -> bool {
 /// fills the replicas.
 fn run_each<P: Clone + Send, I: Send>(inputs: Vec<I>, plan: &[Option<usize>], work: usize, threads: bool, f: impl Fn(usize, I) -> P + Sync) -> Vec<P> {
     use rayon::prelude::*;
+    if inputs.len() == 1 {
+        return inputs.into_iter().map(|x| f(0, x)).collect();
+    }
     let todo = plan.iter().filter(|p| p.is_none()).count();
     let mut slots: Vec<Option<P>> = if threads && todo > 1 && work >= par_min() && rayon::current_num_threads() > 1 {
         inputs.into_par_iter().enumerate().map(|(i, x)| plan[i].is_none().then(|| f(i, x))).collect()
@@ -65,6 +72,35 @@ fn run_each<P: Clone + Send, I: Send>(inputs: Vec<I>, plan: &[Option<usize>], wo
     slots.into_iter().map(|s| s.expect("every shard computed or copied")).collect()
 }
 
+/// Whether the tensor lives on a mesh of one device. There every layout places the whole tensor
+/// on that device and a pending reduction over one device is already its value, so an op is the
+/// inner op on the one shard, with a replicated output: [`solo`] builds it without computing a
+/// sharding rule (the decorator's per-op cost on a one-device mesh).
+pub(crate) fn is_solo<P>(t: &DTensor<P>) -> bool {
+    t.shards.len() == 1
+}
+
+/// The only shard of a tensor on a one-device mesh.
+pub(crate) fn only<P>(t: DTensor<P>) -> P {
+    t.shards.into_iter().next().expect("one shard")
+}
+
+/// The replicated result `y` of an op on a one-device mesh.
+pub(crate) fn solo<P: burn::tensor::TensorMetadata>(mesh: &std::sync::Arc<crate::MeshTopology>, y: P) -> DTensor<P> {
+    let shape = y.shape().to_vec();
+    let layout = Layout::replicated_on(mesh, shape.len());
+    DTensor::from_parts(shape, layout, vec![y])
+}
+
+/// [`dedupe_plan`] for the devices the shards sit on (nothing to plan for a single shard).
+fn plan_for<B: Backend, K: Kind<B>>(shards: &[K::P], layouts: &[&Layout]) -> Vec<Option<usize>> {
+    if shards.len() == 1 {
+        return vec![None];
+    }
+    let devices: Vec<B::Device> = shards.iter().map(K::device).collect();
+    dedupe_plan(layouts, &devices)
+}
+
 fn work<P: burn::tensor::TensorMetadata>(shards: &[P]) -> usize {
     shards.first().map_or(0, |s| s.shape().num_elements())
 }
@@ -72,8 +108,7 @@ fn work<P: burn::tensor::TensorMetadata>(shards: &[P]) -> usize {
 /// One input.
 pub fn run1<B: Backend, K1: Kind<B>, KO: Kind<B>>(t: DTensor<K1::P>, s: &Strategy, shape: Vec<usize>, f: impl Fn(usize, K1::P) -> KO::P + Sync) -> DTensor<KO::P> {
     let t = execute::<B, K1>(t, &s.inputs[0]);
-    let devices: Vec<B::Device> = t.shards.iter().map(K1::device).collect();
-    let plan = dedupe_plan(&[&s.inputs[0], &s.output], &devices);
+    let plan = plan_for::<B, K1>(&t.shards, &[&s.inputs[0], &s.output]);
     let w = work(&t.shards);
     DTensor::from_parts(shape, s.output.clone(), run_each(t.shards, &plan, w, threads_for::<B>(), f))
 }
@@ -88,8 +123,7 @@ pub fn run2<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
 ) -> DTensor<KO::P> {
     let a = execute::<B, K1>(a, &s.inputs[0]);
     let b = execute::<B, K2>(b, &s.inputs[1]);
-    let devices: Vec<B::Device> = a.shards.iter().map(K1::device).collect();
-    let plan = dedupe_plan(&[&s.inputs[0], &s.inputs[1], &s.output], &devices);
+    let plan = plan_for::<B, K1>(&a.shards, &[&s.inputs[0], &s.inputs[1], &s.output]);
     let w = work(&a.shards).max(work(&b.shards));
     let inputs: Vec<_> = a.shards.into_iter().zip(b.shards).collect();
     DTensor::from_parts(shape, s.output.clone(), run_each(inputs, &plan, w, threads_for::<B>(), |i, (x, y)| f(i, x, y)))
@@ -108,8 +142,7 @@ pub fn run3<B: Backend, K1: Kind<B>, K2: Kind<B>, K3: Kind<B>, KO: Kind<B>>(
     let a = execute::<B, K1>(a, &s.inputs[0]);
     let b = execute::<B, K2>(b, &s.inputs[1]);
     let c = execute::<B, K3>(c, &s.inputs[2]);
-    let devices: Vec<B::Device> = a.shards.iter().map(K1::device).collect();
-    let plan = dedupe_plan(&[&s.inputs[0], &s.inputs[1], &s.inputs[2], &s.output], &devices);
+    let plan = plan_for::<B, K1>(&a.shards, &[&s.inputs[0], &s.inputs[1], &s.inputs[2], &s.output]);
     let w = work(&a.shards);
     let inputs: Vec<_> = a.shards.into_iter().zip(b.shards).zip(c.shards).collect();
     DTensor::from_parts(shape, s.output.clone(), run_each(inputs, &plan, w, threads_for::<B>(), |i, ((x, y), z)| f(i, x, y, z)))

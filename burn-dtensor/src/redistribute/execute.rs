@@ -27,7 +27,11 @@ pub fn redistribute<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout) -> Re
         && !to.is_partial();
     if reduces_all {
         let settled = t.layout.without_partial();
-        let reduced = t.reduced.get_or_init(|| Box::new(run::<B, K>(t.clone(), &settled, &plan(&t.layout, &settled).unwrap()))).as_ref().clone();
+        let reduce = || run::<B, K>(t.clone(), &settled, &plan(&t.layout, &settled).unwrap());
+        let reduced = match &t.reduced {
+            Some(memo) => memo.get_or_init(|| Box::new(reduce())).as_ref().clone(),
+            None => reduce(),
+        };
         return redistribute::<B, K>(reduced, to);
     }
     Ok(run::<B, K>(t, to, &steps))

@@ -5,7 +5,7 @@
 //! is sliced locally, for free). A size-1 (broadcast) dim is never sharded.
 
 use super::Strategy;
-use crate::layout::{Layout, ReduceOp};
+use crate::layout::{Layout, Partials, ReduceOp};
 
 /// How an op treats pending reductions (partial sums) of its inputs.
 ///
@@ -51,11 +51,11 @@ pub fn nary(inputs: &[(&Layout, &[usize])], out_shape: &[usize], lin: Linearity)
         }
     }
     // Which pending reductions survive.
-    let partial_sets: Vec<&Vec<Option<ReduceOp>>> = inputs.iter().map(|(l, _)| &l.partial).collect();
+    let partial_sets: Vec<&Partials> = inputs.iter().map(|(l, _)| &l.partial).collect();
     let any_partial = partial_sets.iter().any(|p| p.iter().any(Option::is_some));
-    let mut keep: Option<(Vec<Option<ReduceOp>>, Vec<bool>)> = None; // (out partial, which inputs stay partial)
+    let mut keep: Option<(Partials, Vec<bool>)> = None; // (out partial, which inputs stay partial)
     if any_partial {
-        let only_sum = |p: &Vec<Option<ReduceOp>>| p.iter().all(|x| x.is_none_or(|o| o == ReduceOp::Sum));
+        let only_sum = |p: &Partials| p.iter().all(|x| x.is_none_or(|o| o == ReduceOp::Sum));
         match lin {
             Linearity::Additive if partial_sets.iter().all(|p| *p == partial_sets[0]) && only_sum(partial_sets[0]) => {
                 keep = Some((partial_sets[0].clone(), vec![true; inputs.len()]));

@@ -44,13 +44,13 @@ pub fn reduce_all(l: &Layout, shape: &[usize], op: ReduceOp) -> Strategy {
         let r = l.without_partial().delete(&(0..l.rank()).collect::<Vec<_>>());
         let all = super::unsharded_on(l, &(0..l.rank()).collect::<Vec<_>>());
         let mut out = r;
-        out.dims = vec![None];
+        out.dims = smallvec::smallvec![None];
         return Strategy { inputs: vec![all], output: out };
     }
     let mut s = (0..l.rank()).fold(reduce_dim(l, 0, op), |acc, d| {
         let next = reduce_dim(&acc.output, d, op);
         Strategy { inputs: acc.inputs, output: next.output }
     });
-    s.output.dims = vec![None];
+    s.output.dims = smallvec::smallvec![None];
     s
 }
