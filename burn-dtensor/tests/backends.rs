@@ -194,7 +194,17 @@ macro_rules! suite {
 
 suite!(flex, burn::backend::Flex, Default::default());
 suite!(ndarray, burn::backend::NdArray, Default::default());
+/// Wgpu without Burn's fusion (what the `wgpu` feature builds).
 #[cfg(feature = "wgpu")]
-suite!(wgpu, burn::backend::Wgpu, burn::backend::wgpu::WgpuDevice::Cpu);
+type WgpuPlain = burn::backend::wgpu::CubeBackend<burn::backend::wgpu::WgpuRuntime, f32, i32, u32>;
+#[cfg(feature = "wgpu")]
+suite!(wgpu, super::WgpuPlain, burn::backend::wgpu::WgpuDevice::Cpu);
+// With the `fusion` feature, `burn::backend::Wgpu` is `Fusion<CubeBackend<..>>`: the same suite
+// on the fused backend (the CubeCL collective kernels do not apply there; the generic path runs).
+#[cfg(feature = "fusion")]
+suite!(wgpu_fusion, burn::backend::Wgpu, burn::backend::wgpu::WgpuDevice::Cpu);
+/// Cuda without Burn's fusion (what the `cuda` feature builds).
 #[cfg(feature = "cuda")]
-suite!(cuda, burn::backend::Cuda, Default::default());
+type CudaPlain = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
+#[cfg(feature = "cuda")]
+suite!(cuda, super::CudaPlain, Default::default());

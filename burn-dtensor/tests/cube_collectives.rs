@@ -275,11 +275,14 @@ macro_rules! suite {
     };
 }
 
+// The kernels run on the plain CubeCL backends; with Burn's `fusion` feature `burn::backend::Wgpu`
+// and `Cuda` are `Fusion<CubeBackend<..>>`, whose collectives take the generic path (tested by
+// `backends.rs`' `wgpu_fusion` suite).
 #[cfg(feature = "wgpu")]
-suite!(
-    wgpu,
-    burn::backend::Wgpu,
-    burn::backend::wgpu::WgpuDevice::Cpu
-);
+type WgpuPlain = burn::backend::wgpu::CubeBackend<burn::backend::wgpu::WgpuRuntime, f32, i32, u32>;
+#[cfg(feature = "wgpu")]
+suite!(wgpu, super::WgpuPlain, burn::backend::wgpu::WgpuDevice::Cpu);
 #[cfg(feature = "cuda")]
-suite!(cuda, burn::backend::Cuda, Default::default());
+type CudaPlain = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
+#[cfg(feature = "cuda")]
+suite!(cuda, super::CudaPlain, Default::default());
