@@ -18,6 +18,11 @@ use burn::tensor::backend::Backend;
 use burn_dtensor::{DistributedBackend, Layout, Mesh, ReduceOp, distribute, relayout};
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 
+/// mimalloc rather than glibc's malloc: glibc returns the buffers freed at the end of a step to
+/// the OS and page-faults them back in on the next (measured in NOTES.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn bench_path<I: Backend>(c: &mut Criterion, path: &str, device: I::Device) {
     let mesh = Mesh::new([("x", 8)], vec![device.clone(); 8]).unwrap();
     let sizes: &[usize] = if std::env::var_os("DTENSOR_BENCH_FULL").is_some() { &[64, 512, 2048, 4096] } else { &[64, 512] };

@@ -19,6 +19,11 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use dtensor_imdb::model::{ImdbMlp, LossReduction};
 use dtensor_imdb::train::{Distributed, Mode, Placement, Single, step};
 
+/// mimalloc rather than glibc's malloc: glibc returns the buffers freed at the end of a step to
+/// the OS and page-faults them back in on the next (measured in NOTES.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn batch(n: usize, width: usize, seed: u64) -> (TensorData, TensorData) {
     let mut s = seed;
     let mut next = || {

@@ -12,6 +12,11 @@ use burn::tensor::{Tensor, TensorData};
 use burn_dtensor::{DistributedBackend, Layout, Mesh, distribute};
 use criterion::{Criterion, criterion_group, criterion_main};
 
+/// mimalloc rather than glibc's malloc: glibc returns the buffers freed at the end of a step to
+/// the OS and page-faults them back in on the next (measured in NOTES.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn data() -> TensorData {
     TensorData::new((0..64).map(|i| i as f32 / 64.0).collect::<Vec<_>>(), [8, 8])
 }

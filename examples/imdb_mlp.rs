@@ -6,6 +6,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// mimalloc rather than glibc's malloc: glibc returns the buffers freed at the end of a step to
+/// the OS and page-faults them back in on the next (measured in NOTES.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     match dtensor_imdb::cli::run_args(dtensor_imdb::cli::Args::parse()) {
         Ok(()) => ExitCode::SUCCESS,

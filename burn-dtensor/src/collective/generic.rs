@@ -41,9 +41,9 @@ fn set_group<B: Backend, K: Kind<B>>(shards: &mut [K::P], group: &[usize], value
     }
 }
 
-/// Element-wise reduction of a group's shards onto its first member's device, as a pairwise
-/// tree: the same `k - 1` inner ops as a chain, but the pairs of a level are independent, so on
-/// CPU backends they run on worker threads (see [`threads_for`]).
+/// Element-wise reduction of a group's shards onto its first member's device: `k - 1` inner ops,
+/// as a chain, or, when the shards are large enough for worker threads (CPU backends, see
+/// [`threads_for`] and [`par_min`]), as a pairwise tree whose pairs of a level run in parallel.
 fn reduce_group<B: Backend, K: Kind<B>>(shards: &[K::P], group: &[usize], op: ReduceOp) -> K::P {
     use rayon::prelude::*;
     let dev0 = K::device(&shards[group[0]]);
@@ -61,6 +61,13 @@ fn reduce_group<B: Backend, K: Kind<B>>(shards: &[K::P], group: &[usize], op: Re
         return r;
     }
     let parallel = threads_for::<B>() && level[0].shape().num_elements() >= par_min();
+    if !parallel {
+        // A chain: the first sum is a fresh buffer that the later ones can reuse (CPU backends
+        // write into an operand they own alone), where a tree allocates one per pair.
+        let mut it = level.into_iter();
+        let first = it.next().expect("a group has at least one member");
+        return it.fold(first, |acc, x| K::reduce(acc, x, op));
+    }
     while level.len() > 1 {
         let odd = (level.len() % 2 == 1).then(|| level.pop().unwrap());
         let mut pairs = Vec::with_capacity(level.len() / 2);

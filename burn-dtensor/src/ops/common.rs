@@ -4,7 +4,7 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Slice, TensorData, TensorMetadata};
 
-use super::dispatch::{is_solo, only, run1, run2, run3, run_n, solo};
+use super::dispatch::{self, is_solo, only, run1, run2, run2_weighted, run3, run_n, solo};
 use crate::layout::Layout;
 use crate::mesh::Mesh;
 use crate::rules::pointwise::{Linearity, broadcast_shape, nary};
@@ -150,7 +150,15 @@ pub fn matmul<B: Backend, K: Kind<B>>(lhs: DTensor<K::P>, rhs: DTensor<K::P>, f:
     let bcast = |a: usize, b: usize| if a == 1 { b } else { a };
     let mut shape: Vec<usize> = (0..r - 2).map(|d| bcast(lhs.shape[d], rhs.shape[d])).collect();
     shape.extend([lhs.shape[r - 2], rhs.shape[r - 1]]);
-    run2::<B, K, K, K>(lhs, rhs, &s, shape, |_, x, y| {
+    // Per-shard multiply-adds (batch * m * k * n of the first shards) decide the threading.
+    let weigh = |x: &[K::P], y: &[K::P]| -> usize {
+        let (Some(x), Some(y)) = (x.first(), y.first()) else { return 0 };
+        let (xs, ys) = (x.shape(), y.shape());
+        // [.., m, k] @ [.., k, n]: lhs elements * n, or rhs elements * m when rhs carries the batch.
+        let macs = xs.num_elements().saturating_mul(ys[r - 1]).max(ys.num_elements().saturating_mul(xs[r - 2]));
+        (macs / dispatch::MATMUL_WORK_PER_ELEMENT).max(xs.num_elements()).max(ys.num_elements())
+    };
+    run2_weighted::<B, K, K, K>(lhs, rhs, &s, shape, weigh, |_, x, y| {
         let (xs, ys) = (x.shape(), y.shape());
         if xs.num_elements() > 0 && ys.num_elements() > 0 {
             return f(x, y);
