@@ -4,7 +4,7 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Slice, TensorData, TensorMetadata};
 
-use super::dispatch::{self, is_solo, only, run1, run2, run2_weighted, run3, run_n, solo};
+use super::dispatch::{self, is_solo, only, run1, run2, run2_weighted, run3, run_n, solo_map};
 use crate::layout::Layout;
 use crate::mesh::Mesh;
 use crate::rules::pointwise::{Linearity, broadcast_shape, nary};
@@ -36,8 +36,7 @@ fn settled<P: Clone>(t: DTensor<P>) -> DTensor<P> {
 /// Element-wise unary op (shape kept).
 pub fn unary<B: Backend, KI: Kind<B>, KO: Kind<B>>(t: DTensor<KI::P>, lin: Linearity, f: impl Fn(KI::P) -> KO::P + Sync) -> DTensor<KO::P> {
     if is_solo(&t) {
-        let m = t.layout.mesh.clone();
-        return solo(&m, f(only(t)));
+        return solo_map(t, f);
     }
     let t = settled(t);
     let s = rules::pointwise::unary(&t.layout, lin);
@@ -49,11 +48,9 @@ pub fn unary<B: Backend, KI: Kind<B>, KO: Kind<B>>(t: DTensor<KI::P>, lin: Linea
 pub fn binary<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(a: DTensor<K1::P>, b: DTensor<K2::P>, lin: Linearity, f: impl Fn(K1::P, K2::P) -> KO::P + Sync) -> DTensor<KO::P> {
     same_mesh(&a.layout, &b.layout);
     if is_solo(&a) {
-        let m = a.layout.mesh.clone();
-        return solo(&m, f(only(a), only(b)));
+        return solo_map(a, |x| f(x, only(b)));
     }
     let (a, b) = (settled(a), settled(b));
-    same_mesh(&a.layout, &b.layout);
     let out = broadcast_shape(&[&a.shape, &b.shape]);
     let s = nary(&[(&a.layout, &a.shape), (&b.layout, &b.shape)], &out, lin);
     run2::<B, K1, K2, KO>(a, b, &s, out, |_, x, y| f(x, y))
@@ -63,10 +60,8 @@ pub fn binary<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(a: DTensor<K1::
 pub fn binary_along<B: Backend, K: Kind<B>>(a: DTensor<K::P>, b: DTensor<K::P>, dims: &[usize], f: impl Fn(K::P, K::P) -> K::P + Sync) -> DTensor<K::P> {
     same_mesh(&a.layout, &b.layout);
     if is_solo(&a) {
-        let m = a.layout.mesh.clone();
-        return solo(&m, f(only(a), only(b)));
+        return solo_map(a, |x| f(x, only(b)));
     }
-    same_mesh(&a.layout, &b.layout);
     let out = broadcast_shape(&[&a.shape, &b.shape]);
     let mut s = nary(&[(&a.layout, &a.shape), (&b.layout, &b.shape)], &out, Linearity::None);
     s.inputs.iter_mut().chain(std::iter::once(&mut s.output)).for_each(|l| *l = rules::unsharded_on(l, dims));
@@ -78,11 +73,8 @@ pub fn mask_where<B: Backend, K: Kind<B>, KM: Kind<B>>(t: DTensor<K::P>, mask: D
     same_mesh(&t.layout, &mask.layout);
     same_mesh(&t.layout, &value.layout);
     if is_solo(&t) {
-        let m = t.layout.mesh.clone();
-        return solo(&m, f(only(t), only(mask), only(value)));
+        return solo_map(t, |x| f(x, only(mask), only(value)));
     }
-    same_mesh(&t.layout, &mask.layout);
-    same_mesh(&t.layout, &value.layout);
     let out = broadcast_shape(&[&t.shape, &mask.shape, &value.shape]);
     let s = nary(&[(&t.layout, &t.shape), (&mask.layout, &mask.shape), (&value.layout, &value.shape)], &out, Linearity::None);
     run3::<B, K, KM, K, K>(t, mask, value, &s, out, |_, x, m, v| f(x, m, v))
@@ -91,8 +83,7 @@ pub fn mask_where<B: Backend, K: Kind<B>, KM: Kind<B>>(t: DTensor<K::P>, mask: D
 /// An op along `dims` that keeps the rank: those dims whole, the rest per shard.
 pub fn along<B: Backend, KI: Kind<B>, KO: Kind<B>>(t: DTensor<KI::P>, dims: &[usize], shape: Vec<usize>, f: impl Fn(KI::P) -> KO::P + Sync) -> DTensor<KO::P> {
     if is_solo(&t) {
-        let m = t.layout.mesh.clone();
-        return solo(&m, f(only(t)));
+        return solo_map(t, f);
     }
     let s = rules::along_dims(&t.layout, dims);
     run1::<B, KI, KO>(t, &s, shape, |_, x| f(x))
@@ -101,8 +92,7 @@ pub fn along<B: Backend, KI: Kind<B>, KO: Kind<B>>(t: DTensor<KI::P>, dims: &[us
 /// Reduction over `dim` (kept as size 1) with a partial result when `dim` is sharded.
 pub fn reduce_dim<B: Backend, K: Kind<B>>(t: DTensor<K::P>, s: Strategy, dim: usize, f: impl Fn(K::P) -> K::P + Sync) -> DTensor<K::P> {
     if is_solo(&t) {
-        let m = t.layout.mesh.clone();
-        return solo(&m, f(only(t)));
+        return solo_map(t, f);
     }
     let mut shape = t.shape.clone();
     shape[dim] = 1;
@@ -112,8 +102,7 @@ pub fn reduce_dim<B: Backend, K: Kind<B>>(t: DTensor<K::P>, s: Strategy, dim: us
 /// Reduction of all elements to shape `[1]`.
 pub fn reduce_all<B: Backend, K: Kind<B>>(t: DTensor<K::P>, op: crate::ReduceOp, f: impl Fn(K::P) -> K::P + Sync) -> DTensor<K::P> {
     if is_solo(&t) {
-        let m = t.layout.mesh.clone();
-        return solo(&m, f(only(t)));
+        return solo_map(t, f);
     }
     let t = settled(t);
     let s = reduce::reduce_all(&t.layout, &t.shape, op);
@@ -141,10 +130,8 @@ pub fn fix_replicated<P: TensorMetadata>(mut r: DTensor<P>) -> DTensor<P> {
 pub fn matmul<B: Backend, K: Kind<B>>(lhs: DTensor<K::P>, rhs: DTensor<K::P>, f: impl Fn(K::P, K::P) -> K::P + Sync) -> DTensor<K::P> {
     same_mesh(&lhs.layout, &rhs.layout);
     if is_solo(&lhs) {
-        let m = lhs.layout.mesh.clone();
-        return solo(&m, f(only(lhs), only(rhs)));
+        return solo_map(lhs, |x| f(x, only(rhs)));
     }
-    same_mesh(&lhs.layout, &rhs.layout);
     let s = rules::matmul::matmul(&lhs.layout, &lhs.shape, &rhs.layout, &rhs.shape);
     let r = lhs.shape.len();
     let bcast = |a: usize, b: usize| if a == 1 { b } else { a };
@@ -172,8 +159,7 @@ pub fn matmul<B: Backend, K: Kind<B>>(lhs: DTensor<K::P>, rhs: DTensor<K::P>, f:
 /// `permute(axes)`.
 pub fn permute<B: Backend, K: Kind<B>>(t: DTensor<K::P>, axes: &[usize], f: impl Fn(K::P) -> K::P + Sync) -> DTensor<K::P> {
     if is_solo(&t) {
-        let m = t.layout.mesh.clone();
-        return solo(&m, f(only(t)));
+        return solo_map(t, f);
     }
     let t = settled(t);
     let s = view::permute(&t.layout, axes);
@@ -191,8 +177,7 @@ pub fn swap_dims<B: Backend, K: Kind<B>>(t: DTensor<K::P>, d1: usize, d2: usize,
 /// `reshape(shape)`.
 pub fn reshape<B: Backend, K: Kind<B>>(t: DTensor<K::P>, new: Vec<usize>) -> DTensor<K::P> {
     if is_solo(&t) {
-        let m = t.layout.mesh.clone();
-        return solo(&m, K::reshape(only(t), new.into()));
+        return solo_map(t, |x| K::reshape(x, new.into()));
     }
     let t = settled(t);
     if t.shape == new {
@@ -206,8 +191,7 @@ pub fn reshape<B: Backend, K: Kind<B>>(t: DTensor<K::P>, new: Vec<usize>) -> DTe
 /// `expand(shape)`.
 pub fn expand<B: Backend, K: Kind<B>>(t: DTensor<K::P>, new: Vec<usize>, f: impl Fn(K::P, burn::tensor::Shape) -> K::P + Sync) -> DTensor<K::P> {
     if is_solo(&t) {
-        let m = t.layout.mesh.clone();
-        return solo(&m, f(only(t), new.into()));
+        return solo_map(t, |x| f(x, new.into()));
     }
     let t = settled(t);
     let s = view::expand(&t.layout, &t.shape, &new);
@@ -232,8 +216,7 @@ fn local_slices(slices: &[Slice], l: &Layout) -> Vec<Slice> {
 /// `slice(slices)`.
 pub fn slice<B: Backend, K: Kind<B>>(t: DTensor<K::P>, slices: &[Slice]) -> DTensor<K::P> {
     if is_solo(&t) {
-        let m = t.layout.mesh.clone();
-        return solo(&m, K::slice(only(t), slices));
+        return solo_map(t, |x| K::slice(x, slices));
     }
     let t = settled(t);
     let s = index::slice(&t.layout, &t.shape, slices);
@@ -260,10 +243,8 @@ fn same_off(a: &[usize], b: &[usize], dim: usize) -> bool {
 pub fn gather<B: Backend, K: Kind<B>, KI: Kind<B>>(dim: usize, t: DTensor<K::P>, idx: DTensor<KI::P>, f: impl Fn(usize, K::P, KI::P) -> K::P + Sync) -> DTensor<K::P> {
     same_mesh(&t.layout, &idx.layout);
     if is_solo(&t) {
-        let m = t.layout.mesh.clone();
-        return solo(&m, f(dim, only(t), only(idx)));
+        return solo_map(t, |x| f(dim, x, only(idx)));
     }
-    same_mesh(&t.layout, &idx.layout);
     let s = if same_off(&t.shape, &idx.shape, dim) {
         index::along_dim_aligned(&[&t.layout, &idx.layout], dim)
     } else {
@@ -289,10 +270,8 @@ pub fn scatter<B: Backend, K: Kind<B>, KI: Kind<B>>(dim: usize, t: DTensor<K::P>
 pub fn select<B: Backend, K: Kind<B>, KI: Kind<B>>(t: DTensor<K::P>, dim: usize, idx: DTensor<KI::P>, f: impl Fn(K::P, usize, KI::P) -> K::P + Sync) -> DTensor<K::P> {
     same_mesh(&t.layout, &idx.layout);
     if is_solo(&t) {
-        let m = t.layout.mesh.clone();
-        return solo(&m, f(only(t), dim, only(idx)));
+        return solo_map(t, |x| f(x, dim, only(idx)));
     }
-    same_mesh(&t.layout, &idx.layout);
     let r = rules::unsharded_on(&t.layout, &[dim]);
     let s = Strategy { inputs: vec![r.clone(), Layout::replicated_on(&r.mesh, 1)], output: r };
     let mut shape = t.shape.clone();

@@ -85,7 +85,7 @@ fn run_each<P: Clone + Send, I: Send>(inputs: Vec<I>, plan: &[Option<usize>], wo
 
 /// Whether the tensor lives on a mesh of one device. There every layout places the whole tensor
 /// on that device and a pending reduction over one device is already its value, so an op is the
-/// inner op on the one shard, with a replicated output: [`solo`] builds it without computing a
+/// inner op on the one shard, with a replicated output: [`solo_map`] builds it without computing a
 /// sharding rule (the decorator's per-op cost on a one-device mesh).
 pub(crate) fn is_solo<P>(t: &DTensor<P>) -> bool {
     t.shards.len() == 1
@@ -96,10 +96,13 @@ pub(crate) fn only<P>(t: DTensor<P>) -> P {
     t.shards.into_iter().next().expect("one shard")
 }
 
-/// The replicated result `y` of an op on a one-device mesh.
-pub(crate) fn solo<P: burn::tensor::TensorMetadata>(mesh: &std::sync::Arc<crate::MeshTopology>, y: P) -> DTensor<P> {
+/// An op on a one-device mesh: `f` on `t`'s only shard (other operands taken with [`only`]
+/// inside `f`), the result replicated on the same mesh.
+pub(crate) fn solo_map<P, Q: burn::tensor::TensorMetadata>(t: DTensor<P>, f: impl FnOnce(P) -> Q) -> DTensor<Q> {
+    let mesh = t.layout.mesh.clone();
+    let y = f(only(t));
     let shape = y.shape().to_vec();
-    let layout = Layout::replicated_on(mesh, shape.len());
+    let layout = Layout::replicated_on(&mesh, shape.len());
     DTensor::from_parts(shape, layout, vec![y])
 }
 
