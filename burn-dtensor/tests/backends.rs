@@ -11,6 +11,9 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData, Tolerance};
 use burn_dtensor::{DistributedBackend, Layout, Mesh, ReduceOp, distribute, relayout};
 
+#[macro_use]
+mod common;
+
 fn tol() -> Tolerance<f32> {
     Tolerance::rel_abs(1e-4, 1e-5)
 }
@@ -142,69 +145,20 @@ pub fn gradients<I: Backend>(device: I::Device) {
     }
 }
 
-/// Whether the backend can run at all here (a GPU backend without an adapter cannot); the
-/// suite prints why it skips instead of failing on machines without one, unless
-/// `BURN_DTENSOR_REQUIRE_DEVICE` is set (CI sets it, so a lost device fails the run).
-pub fn available<I: Backend>(device: &I::Device) -> bool {
-    let d = device.clone();
-    let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || Tensor::<I, 1>::zeros([1], &d).into_data())).is_ok();
-    if !ok {
-        assert!(std::env::var_os("BURN_DTENSOR_REQUIRE_DEVICE").is_none(), "no device for {}", std::any::type_name::<I>());
-        println!("skipped: no device for {} (for wgpu, install mesa-vulkan-drivers)", std::any::type_name::<I>());
-    }
-    ok
-}
-
-macro_rules! suite {
+/// The suite's tests, instantiated per backend by `common::suite!`.
+macro_rules! backend_suite {
     ($name:ident, $backend:ty, $device:expr) => {
-        mod $name {
-            #[test]
-            fn matmul() {
-                if super::available::<$backend>(&$device) {
-                    super::matmul::<$backend>($device);
-                }
-            }
-            #[test]
-            fn reductions() {
-                if super::available::<$backend>(&$device) {
-                    super::reductions::<$backend>($device);
-                }
-            }
-            #[test]
-            fn relayouts() {
-                if super::available::<$backend>(&$device) {
-                    super::relayouts::<$backend>($device);
-                }
-            }
-            #[test]
-            fn sliced_shards() {
-                if super::available::<$backend>(&$device) {
-                    super::sliced_shards::<$backend>($device);
-                }
-            }
-            #[test]
-            fn gradients() {
-                if super::available::<$backend>(&$device) {
-                    super::gradients::<$backend>($device);
-                }
-            }
-        }
+        suite!($name, $backend, $device, [matmul, reductions, relayouts, sliced_shards, gradients]);
     };
 }
 
-suite!(flex, burn::backend::Flex, Default::default());
-suite!(ndarray, burn::backend::NdArray, Default::default());
-/// Wgpu without Burn's fusion (what the `wgpu` feature builds).
+backend_suite!(flex, burn::backend::Flex, Default::default());
+backend_suite!(ndarray, burn::backend::NdArray, Default::default());
 #[cfg(feature = "wgpu")]
-type WgpuPlain = burn::backend::wgpu::CubeBackend<burn::backend::wgpu::WgpuRuntime, f32, i32, u32>;
-#[cfg(feature = "wgpu")]
-suite!(wgpu, super::WgpuPlain, burn::backend::wgpu::WgpuDevice::Cpu);
+backend_suite!(wgpu, crate::common::WgpuPlain, burn::backend::wgpu::WgpuDevice::Cpu);
 // With the `fusion` feature, `burn::backend::Wgpu` is `Fusion<CubeBackend<..>>`: the same suite
 // on the fused backend (the CubeCL collective kernels do not apply there; the generic path runs).
 #[cfg(feature = "fusion")]
-suite!(wgpu_fusion, burn::backend::Wgpu, burn::backend::wgpu::WgpuDevice::Cpu);
-/// Cuda without Burn's fusion (what the `cuda` feature builds).
+backend_suite!(wgpu_fusion, burn::backend::Wgpu, burn::backend::wgpu::WgpuDevice::Cpu);
 #[cfg(feature = "cuda")]
-type CudaPlain = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
-#[cfg(feature = "cuda")]
-suite!(cuda, super::CudaPlain, Default::default());
+backend_suite!(cuda, crate::common::CudaPlain, Default::default());

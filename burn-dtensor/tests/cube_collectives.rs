@@ -15,6 +15,9 @@ use burn_dtensor::{
     relayout, relayout_int, to_local_shards,
 };
 
+#[macro_use]
+mod common;
+
 /// Tests share the process-wide launch counter, so they run one at a time.
 static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -216,62 +219,10 @@ pub fn partial_matmul<I: Backend>(device: I::Device) {
         .assert_approx_eq::<f32>(&want, burn::tensor::Tolerance::rel_abs(1e-5, 1e-6));
 }
 
-/// Whether the device can run at all (a GPU backend without an adapter cannot). Set
-/// `BURN_DTENSOR_REQUIRE_DEVICE=1` (CI does) to make a missing device a failure, not a skip.
-fn available<I: Backend>(device: &I::Device) -> bool {
-    let d = device.clone();
-    let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
-        Tensor::<I, 1>::zeros([1], &d).into_data()
-    }))
-    .is_ok();
-    if !ok {
-        assert!(
-            std::env::var_os("BURN_DTENSOR_REQUIRE_DEVICE").is_none(),
-            "no device for {}",
-            std::any::type_name::<I>()
-        );
-        println!(
-            "skipped: no device for {} (for wgpu, install mesa-vulkan-drivers)",
-            std::any::type_name::<I>()
-        );
-    }
-    ok
-}
-
-macro_rules! suite {
+/// The suite's tests, instantiated per backend by `common::suite!`.
+macro_rules! kernel_suite {
     ($name:ident, $backend:ty, $device:expr) => {
-        mod $name {
-            #[test]
-            fn all_reduce_each_op() {
-                if super::available::<$backend>(&$device) {
-                    super::all_reduce_each_op::<$backend>($device);
-                }
-            }
-            #[test]
-            fn reduce_scatter_uneven() {
-                if super::available::<$backend>(&$device) {
-                    super::reduce_scatter_uneven::<$backend>($device);
-                }
-            }
-            #[test]
-            fn all_gather_uneven() {
-                if super::available::<$backend>(&$device) {
-                    super::all_gather_uneven::<$backend>($device);
-                }
-            }
-            #[test]
-            fn all_to_all_uneven() {
-                if super::available::<$backend>(&$device) {
-                    super::all_to_all_uneven::<$backend>($device);
-                }
-            }
-            #[test]
-            fn partial_matmul() {
-                if super::available::<$backend>(&$device) {
-                    super::partial_matmul::<$backend>($device);
-                }
-            }
-        }
+        suite!($name, $backend, $device, [all_reduce_each_op, reduce_scatter_uneven, all_gather_uneven, all_to_all_uneven, partial_matmul]);
     };
 }
 
@@ -279,10 +230,6 @@ macro_rules! suite {
 // and `Cuda` are `Fusion<CubeBackend<..>>`, whose collectives take the generic path (tested by
 // `backends.rs`' `wgpu_fusion` suite).
 #[cfg(feature = "wgpu")]
-type WgpuPlain = burn::backend::wgpu::CubeBackend<burn::backend::wgpu::WgpuRuntime, f32, i32, u32>;
-#[cfg(feature = "wgpu")]
-suite!(wgpu, super::WgpuPlain, burn::backend::wgpu::WgpuDevice::Cpu);
+kernel_suite!(wgpu, crate::common::WgpuPlain, burn::backend::wgpu::WgpuDevice::Cpu);
 #[cfg(feature = "cuda")]
-type CudaPlain = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
-#[cfg(feature = "cuda")]
-suite!(cuda, super::CudaPlain, Default::default());
+kernel_suite!(cuda, crate::common::CudaPlain, Default::default());
