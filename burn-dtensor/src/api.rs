@@ -162,7 +162,8 @@ pub fn distribute_int<B: DistributedOps, const D: usize>(data: TensorData, mesh:
 /// The per-device shards of a float tensor on the inner backend (row-major over the mesh),
 /// each of the per-shard shape its layout implies. Partial layouts give the unreduced values.
 pub fn to_local_shards<B: DistributedOps, const D: usize>(t: Tensor<B, D>) -> Vec<Tensor<B::Inner, D>> {
-    B::float_dtensor(float_prim(t)).shards.into_iter().map(|p| Tensor::from_primitive(TensorPrimitive::Float(p))).collect()
+    let t = crate::stack::to_per_device::<B::Inner, crate::tensor::FloatKind>(B::float_dtensor(float_prim(t)));
+    t.shards.into_iter().map(|p| Tensor::from_primitive(TensorPrimitive::Float(p))).collect()
 }
 
 /// Builds a distributed tensor of global shape `shape` from one inner tensor per mesh device

@@ -32,7 +32,7 @@
 //! The tree follows the concepts: [`mesh`], [`layout`], [`shard`] (global <-> local geometry),
 //! [`device`], [`tensor`] (the primitive), [`backend`] and [`ops`] (Burn's op traits, thin),
 //! [`rules`] (sharding rules, one op family per file), [`redistribute`] (plans and execution),
-//! [`collective`], [`autodiff`] (differentiable relayout), [`layout_map`], [`comm`]
+//! [`collective`], [`stack`] (stacked execution on virtual meshes), [`autodiff`] (differentiable relayout), [`layout_map`], [`comm`]
 //! (communication accounting) and [`error`].
 
 #![warn(missing_docs)]
@@ -52,6 +52,7 @@ pub mod ops;
 pub mod redistribute;
 pub mod rules;
 pub mod shard;
+pub mod stack;
 pub mod tensor;
 
 pub use api::{DistributedOps, describe, distribute, distribute_int, from_local_shards, layout, layout_int, relayout, relayout_int, to_local_shards};

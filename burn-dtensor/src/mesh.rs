@@ -15,9 +15,19 @@ pub struct MeshTopology {
     pub(crate) id: u16,
     pub(crate) axes: Vec<(String, usize)>,
     pub(crate) strides: Vec<usize>,
+    /// Whether the shards of this mesh's tensors may be held stacked (see [`crate::stack`]): every
+    /// device is the same inner device (a virtual mesh) of more than one position, and stacked
+    /// execution was not switched off ([`Mesh::with_stacked_execution`], `BURN_DTENSOR_STACKED=0`).
+    pub(crate) stacked: bool,
 }
 
 impl MeshTopology {
+    /// Whether tensors on this mesh run in stacked form: one inner op for all shards, with the
+    /// mesh axes as leading dims (see [`crate::stack`]). True for a virtual mesh (one inner
+    /// device at every position) unless switched off.
+    pub fn is_stacked(&self) -> bool {
+        self.stacked
+    }
     /// Axis names and sizes, in order.
     pub fn axes(&self) -> &[(String, usize)] {
         &self.axes
@@ -141,7 +151,7 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
             let shape = axes.iter().map(|(n, s)| format!("{n}={s}")).collect::<Vec<_>>().join(",");
             return Err(DTensorError::DeviceCountMismatch { shape, expected, given: devices.len() });
         }
-        Ok(Self::intern(axes, devices))
+        Ok(Self::intern(axes, devices, stacked_default()))
     }
 
     /// A mesh whose every position is a virtual copy of one inner device (the usual CPU setup:
@@ -157,7 +167,7 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
 
     /// The mesh of one device and no axes: every tensor on it is replicated (whole).
     pub fn single(device: D) -> Self {
-        Self::intern(Vec::new(), vec![device])
+        Self::intern(Vec::new(), vec![device], false)
     }
 
     /// Parses `"batch=4,model=2"` into axes and builds the mesh over `devices`.
@@ -168,11 +178,23 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
         Self::new(parse_axes(spec)?, devices)
     }
 
-    fn intern(axes: Vec<(String, usize)>, devices: Vec<D>) -> Self {
+    /// The same mesh with stacked execution switched on or off. Stacked execution (the default
+    /// on a virtual mesh) runs each op once on all shards stacked along leading mesh dims;
+    /// switched off, each op runs once per distinct shard (the path real multi-device meshes
+    /// take), which tests use to cover both. A mesh of distinct devices never stacks, whatever
+    /// `on` says. The two variants are distinct meshes (tensors move between them with
+    /// `to_device`).
+    pub fn with_stacked_execution(&self, on: bool) -> Self {
+        Self::intern(self.topo.axes.clone(), self.devices.to_vec(), on)
+    }
+
+    fn intern(axes: Vec<(String, usize)>, devices: Vec<D>, stacked: bool) -> Self {
+        let stacked = stacked && devices.len() > 1 && devices.iter().all(|d| *d == devices[0]);
         let mut reg = registry().lock().unwrap();
         for entry in reg.iter() {
             if let Some(m) = entry.downcast_ref::<Mesh<D>>()
                 && m.topo.axes == axes
+                && m.topo.stacked == stacked
                 && *m.devices == devices
             {
                 return m.clone();
@@ -183,7 +205,7 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
         for a in (0..axes.len().saturating_sub(1)).rev() {
             strides[a] = strides[a + 1] * axes[a + 1].1;
         }
-        let mesh = Mesh { topo: Arc::new(MeshTopology { id, axes, strides }), devices: Arc::new(devices) };
+        let mesh = Mesh { topo: Arc::new(MeshTopology { id, axes, strides, stacked }), devices: Arc::new(devices) };
         reg.push(Arc::new(mesh.clone()));
         mesh
     }
@@ -241,6 +263,12 @@ impl<D> fmt::Display for Mesh<D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.topo)
     }
+}
+
+/// Stacked execution's default: on, unless `BURN_DTENSOR_STACKED=0`.
+fn stacked_default() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| std::env::var("BURN_DTENSOR_STACKED").map_or(true, |v| v != "0"))
 }
 
 /// Parses `"batch=4,model=2"` (whitespace allowed) into `(axis, size)` pairs.

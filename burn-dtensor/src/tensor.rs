@@ -11,15 +11,23 @@ use burn::tensor::{DType, Shape, Slice, TensorData, TensorMetadata};
 use crate::layout::{Layout, ReduceOp};
 use crate::shard;
 
-/// A distributed tensor: global `shape`, its `layout` on a mesh, and `shards[i]`, the inner
-/// primitive held by mesh device `i` (row-major), of the per-shard shape
-/// [`shard::local_shape`] gives. Replicated dims hold the whole extent on each device; a partial
-/// layout means the global value is the reduction of the shards along the pending axes.
+/// A distributed tensor: global `shape`, its `layout` on a mesh, and its shards in one of two
+/// forms:
+/// - **per device** (`stacked == false`): `shards[i]` is the inner primitive held by mesh device
+///   `i` (row-major), of the per-shard shape [`shard::local_shape`] gives;
+/// - **stacked** (`stacked == true`, virtual meshes only, see [`crate::stack`]): `shards` holds
+///   one primitive of shape [`shard::stack_shape`]: one leading dim per mesh axis (the axis size
+///   where the layout uses the axis, else 1), then the per-shard shape.
+///
+/// Replicated dims hold the whole extent on each device; a partial layout means the global value
+/// is the reduction of the shards along the pending axes.
 #[derive(Clone, Debug)]
 pub struct DTensor<P> {
     pub(crate) shape: Vec<usize>,
     pub(crate) layout: Layout,
     pub(crate) shards: Vec<P>,
+    /// Whether `shards` is the one stacked primitive (see above).
+    pub(crate) stacked: bool,
     /// Memoised reduction of a partial tensor, shared by clones, so that two consumers of one
     /// partial result (say a gradient used twice by Adam) trigger one all-reduce, not two.
     /// Allocated only for partial layouts (the others have nothing to memoise).
@@ -32,7 +40,17 @@ impl<P> DTensor<P> {
         debug_assert_eq!(layout.rank(), shape.len(), "layout {layout} vs shape {shape:?}");
         debug_assert_eq!(layout.mesh.size(), shards.len());
         let reduced = layout.is_partial().then(Arc::default);
-        Self { shape, layout, shards, reduced }
+        Self { shape, layout, shards, stacked: false, reduced }
+    }
+    /// Builds a tensor in stacked form from its one stacked primitive (no check: internal).
+    pub(crate) fn from_stacked(shape: Vec<usize>, layout: Layout, stack: P) -> Self {
+        debug_assert_eq!(layout.rank(), shape.len(), "layout {layout} vs shape {shape:?}");
+        let reduced = layout.is_partial().then(Arc::default);
+        Self { shape, layout, shards: vec![stack], stacked: true, reduced }
+    }
+    /// Whether the shards are held stacked (one primitive; see the type's docs).
+    pub fn is_stacked(&self) -> bool {
+        self.stacked
     }
     /// The global shape.
     pub fn global_shape(&self) -> &[usize] {
@@ -42,11 +60,12 @@ impl<P> DTensor<P> {
     pub fn layout(&self) -> &Layout {
         &self.layout
     }
-    /// The per-device primitives (row-major over the mesh).
+    /// The per-device primitives (row-major over the mesh), or, when [`DTensor::is_stacked`], the
+    /// one stacked primitive. [`crate::to_local_shards`] always gives per-device shards.
     pub fn shards(&self) -> &[P] {
         &self.shards
     }
-    /// Consumes the tensor into its per-device primitives.
+    /// Consumes the tensor into its primitives (as [`DTensor::shards`]).
     pub fn into_shards(self) -> Vec<P> {
         self.shards
     }
@@ -90,6 +109,10 @@ pub trait Kind<B: Backend>: 'static {
     fn into_data(t: Self::P) -> TensorData;
     /// Reshape.
     fn reshape(t: Self::P, shape: Shape) -> Self::P;
+    /// Permutation of the dims.
+    fn permute(t: Self::P, axes: &[usize]) -> Self::P;
+    /// `op`-reduction along `dim`, kept as size 1 (bool: sum and max are `any`, min is `all`).
+    fn reduce_dim(t: Self::P, dim: usize, op: ReduceOp) -> Self::P;
 }
 
 fn bool_dtype<B: Backend>(d: &B::Device) -> burn::tensor::BoolDType {
@@ -128,6 +151,7 @@ macro_rules! kind_io {
         fn from_data(data: TensorData, d: &B::Device) -> Self::P { B::float_from_data(data, d) }
         fn into_data(t: Self::P) -> TensorData { burn::tensor::read_sync(B::float_into_data(t)).expect("reading a float shard") }
         fn reshape(t: Self::P, s: Shape) -> Self::P { B::float_reshape(t, s) }
+        fn permute(t: Self::P, axes: &[usize]) -> Self::P { B::float_permute(t, axes) }
     };
     (int) => {
         fn cat(parts: Vec<Self::P>, dim: usize) -> Self::P { cat_nonempty(parts, dim, B::int_cat, B::int_reshape) }
@@ -137,6 +161,7 @@ macro_rules! kind_io {
         fn from_data(data: TensorData, d: &B::Device) -> Self::P { B::int_from_data(data, d) }
         fn into_data(t: Self::P) -> TensorData { burn::tensor::read_sync(B::int_into_data(t)).expect("reading an int shard") }
         fn reshape(t: Self::P, s: Shape) -> Self::P { B::int_reshape(t, s) }
+        fn permute(t: Self::P, axes: &[usize]) -> Self::P { B::int_permute(t, axes) }
     };
     (bool) => {
         fn cat(parts: Vec<Self::P>, dim: usize) -> Self::P { cat_nonempty(parts, dim, B::bool_cat, B::bool_reshape) }
@@ -146,12 +171,13 @@ macro_rules! kind_io {
         fn from_data(data: TensorData, d: &B::Device) -> Self::P { B::bool_from_data(data, d) }
         fn into_data(t: Self::P) -> TensorData { burn::tensor::read_sync(B::bool_into_data(t)).expect("reading a bool shard") }
         fn reshape(t: Self::P, s: Shape) -> Self::P { B::bool_reshape(t, s) }
+        fn permute(t: Self::P, axes: &[usize]) -> Self::P { B::bool_permute(t, axes) }
     };
 }
 
 /// `reduce` and `zeros` of the numeric kinds, from their inner ops.
 macro_rules! numeric_kind {
-    ($kind:ident, $prim:ident, $io:ident, $add:ident, $greater:ident, $lower:ident, $mask_where:ident, $device:ident, $zeros:ident) => {
+    ($kind:ident, $prim:ident, $io:ident, $add:ident, $greater:ident, $lower:ident, $mask_where:ident, $device:ident, $zeros:ident, $sum_dim:ident, $max_dim:ident, $min_dim:ident) => {
         impl<B: Backend> Kind<B> for $kind {
             type P = $prim<B>;
             kind_io!($io);
@@ -171,12 +197,19 @@ macro_rules! numeric_kind {
             fn zeros(shape: Shape, d: &B::Device, dtype: DType) -> Self::P {
                 B::$zeros(shape, d, dtype.into())
             }
+            fn reduce_dim(t: Self::P, dim: usize, op: ReduceOp) -> Self::P {
+                match op {
+                    ReduceOp::Sum => B::$sum_dim(t, dim),
+                    ReduceOp::Max => B::$max_dim(t, dim),
+                    ReduceOp::Min => B::$min_dim(t, dim),
+                }
+            }
         }
     };
 }
 
-numeric_kind!(FloatKind, FloatTensor, float, float_add, float_greater, float_lower, float_mask_where, float_device, float_zeros);
-numeric_kind!(IntKind, IntTensor, int, int_add, int_greater, int_lower, int_mask_where, int_device, int_zeros);
+numeric_kind!(FloatKind, FloatTensor, float, float_add, float_greater, float_lower, float_mask_where, float_device, float_zeros, float_sum_dim, float_max_dim, float_min_dim);
+numeric_kind!(IntKind, IntTensor, int, int_add, int_greater, int_lower, int_mask_where, int_device, int_zeros, int_sum_dim, int_max_dim, int_min_dim);
 
 impl<B: Backend> Kind<B> for BoolKind {
     type P = BoolTensor<B>;
@@ -189,5 +222,11 @@ impl<B: Backend> Kind<B> for BoolKind {
     }
     fn zeros(shape: Shape, d: &B::Device, dtype: DType) -> Self::P {
         B::bool_zeros(shape, d, dtype.into())
+    }
+    fn reduce_dim(t: Self::P, dim: usize, op: ReduceOp) -> Self::P {
+        match op {
+            ReduceOp::Sum | ReduceOp::Max => B::bool_any_dim(t, dim),
+            ReduceOp::Min => B::bool_all_dim(t, dim),
+        }
     }
 }

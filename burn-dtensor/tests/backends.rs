@@ -46,15 +46,18 @@ fn mesh<I: Backend>(device: &I::Device) -> Mesh<I::Device> {
 }
 
 /// Matmul for every pair of operand layouts (batch/free/contracting dims sharded, partial sums).
+/// Uneven shapes (shards held per device) and even ones (held stacked on a virtual mesh).
 pub fn matmul<I: Backend>(device: I::Device) {
     let m = mesh::<I>(&device);
-    let (da, db) = (data([5, 7], 1), data([7, 3], 2));
-    let want = oracle(&da).matmul(oracle(&db)).into_data();
-    for la in layouts(&m) {
-        for lb in layouts(&m) {
-            let a: Tensor<DistributedBackend<I>, 2> = distribute(da.clone(), &m, &la).unwrap();
-            let b: Tensor<DistributedBackend<I>, 2> = distribute(db.clone(), &m, &lb).unwrap();
-            a.matmul(b).into_data().convert::<f32>().assert_approx_eq::<f32>(&want, tol());
+    for (sa, sb) in [([5, 7], [7, 3]), ([4, 6], [6, 2])] {
+        let (da, db) = (data(sa, 1), data(sb, 2));
+        let want = oracle(&da).matmul(oracle(&db)).into_data();
+        for la in layouts(&m) {
+            for lb in layouts(&m) {
+                let a: Tensor<DistributedBackend<I>, 2> = distribute(da.clone(), &m, &la).unwrap();
+                let b: Tensor<DistributedBackend<I>, 2> = distribute(db.clone(), &m, &lb).unwrap();
+                a.matmul(b).into_data().convert::<f32>().assert_approx_eq::<f32>(&want, tol());
+            }
         }
     }
 }
@@ -63,9 +66,9 @@ pub fn matmul<I: Backend>(device: I::Device) {
 /// ops with broadcasting.
 pub fn reductions<I: Backend>(device: I::Device) {
     let m = mesh::<I>(&device);
-    let d = data([5, 7], 3);
-    let o = oracle(&d);
-    for l in layouts(&m) {
+    for (shape, l) in [[5, 7], [4, 6]].into_iter().flat_map(|s| layouts(&m).into_iter().map(move |l| (s, l))) {
+        let d = data(shape, 3);
+        let o = oracle(&d);
         let t: Tensor<DistributedBackend<I>, 2> = distribute(d.clone(), &m, &l).unwrap();
         let c = |x: Tensor<DistributedBackend<I>, 2>, want: Tensor<NdArray, 2>| x.into_data().convert::<f32>().assert_approx_eq::<f32>(&want.into_data(), tol());
         for dim in 0..2 {
@@ -87,25 +90,28 @@ pub fn reductions<I: Backend>(device: I::Device) {
 /// reduce op), on uneven shards.
 pub fn relayouts<I: Backend>(device: I::Device) {
     let m = mesh::<I>(&device);
-    let d = data([5, 6], 4);
-    let want = d.clone().convert::<f32>();
-    for from in layouts(&m) {
-        for to in layouts(&m) {
-            let t: Tensor<DistributedBackend<I>, 2> = distribute(d.clone(), &m, &from).unwrap();
-            relayout(t, &to).unwrap().into_data().convert::<f32>().assert_approx_eq::<f32>(&want, tol());
-        }
-    }
-    // Pending reductions: relayout a replicated value into a partial (sum keeps it on
-    // coordinate 0, max/min keep it everywhere), then settle it every way.
-    for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
-        for to in layouts(&m) {
-            if to.dims().iter().any(|d| *d == Some(1)) {
-                continue;
+    // Uneven (per device) and even (stacked on a virtual mesh).
+    for shape in [[5, 6], [4, 6]] {
+        let d = data(shape, 4);
+        let want = d.clone().convert::<f32>();
+        for from in layouts(&m) {
+            for to in layouts(&m) {
+                let t: Tensor<DistributedBackend<I>, 2> = distribute(d.clone(), &m, &from).unwrap();
+                relayout(t, &to).unwrap().into_data().convert::<f32>().assert_approx_eq::<f32>(&want, tol());
             }
-            let p = Layout::replicated(&m, 2).with_partial(1, op);
-            let t: Tensor<DistributedBackend<I>, 2> = distribute(d.clone(), &m, &Layout::replicated(&m, 2)).unwrap();
-            let t = relayout(t, &p).unwrap();
-            relayout(t, &to).unwrap().into_data().convert::<f32>().assert_approx_eq::<f32>(&want, tol());
+        }
+        // Pending reductions: relayout a replicated value into a partial (sum keeps it on
+        // coordinate 0, max/min keep it everywhere), then settle it every way.
+        for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
+            for to in layouts(&m) {
+                if to.dims().iter().any(|d| *d == Some(1)) {
+                    continue;
+                }
+                let p = Layout::replicated(&m, 2).with_partial(1, op);
+                let t: Tensor<DistributedBackend<I>, 2> = distribute(d.clone(), &m, &Layout::replicated(&m, 2)).unwrap();
+                let t = relayout(t, &p).unwrap();
+                relayout(t, &to).unwrap().into_data().convert::<f32>().assert_approx_eq::<f32>(&want, tol());
+            }
         }
     }
 }

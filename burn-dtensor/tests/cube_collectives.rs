@@ -2,6 +2,8 @@
 //! and all-gather as one kernel launch per mesh group (all-to-all: one per device), on Wgpu
 //! (Mesa's software Vulkan device in CI) and Cuda. Each case checks every device's shard against values computed on the host, and
 //! that the one-launch path was taken (the launch counter moves by exactly one per group).
+//! The meshes run per device (`with_stacked_execution(false)`): these kernels serve the shards of
+//! distinct devices; a stacked virtual mesh runs its collectives as ops on the stack instead.
 //!
 //! Sizes are chosen so that most are not multiples of the vector width (1, 3, 35, 1027 elements;
 //! uneven shards along leading and inner dims), alongside aligned ones (64, widths of 4).
@@ -66,7 +68,7 @@ fn launches<R>(f: impl FnOnce() -> R) -> (R, u64) {
 pub fn all_reduce_each_op<I: Backend>(device: I::Device) {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     for k in [2usize, 3, 8] {
-        let mesh = Mesh::new([("x", k)], vec![device.clone(); k]).unwrap();
+        let mesh = Mesh::new([("x", k)], vec![device.clone(); k]).unwrap().with_stacked_execution(false);
         for shape in [[1usize, 1], [1, 3], [5, 7], [4, 16], [1, 1027]] {
             let n = shape[0] * shape[1];
             for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
@@ -94,7 +96,7 @@ pub fn all_reduce_each_op<I: Backend>(device: I::Device) {
 /// 2 x 3 mesh (two groups, so two launches).
 pub fn reduce_scatter_uneven<I: Backend>(device: I::Device) {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let mesh = Mesh::new([("a", 2), ("b", 3)], vec![device.clone(); 6]).unwrap();
+    let mesh = Mesh::new([("a", 2), ("b", 3)], vec![device.clone(); 6]).unwrap().with_stacked_execution(false);
     let shape = [7usize, 5];
     for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
         let parts: Vec<Vec<f32>> = (0..6).map(|s| values(35, s + 3)).collect();
@@ -133,7 +135,7 @@ pub fn reduce_scatter_uneven<I: Backend>(device: I::Device) {
 /// empty shard (2 rows over 3 devices), for float and int tensors.
 pub fn all_gather_uneven<I: Backend>(device: I::Device) {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let mesh = Mesh::new([("a", 2), ("b", 3)], vec![device.clone(); 6]).unwrap();
+    let mesh = Mesh::new([("a", 2), ("b", 3)], vec![device.clone(); 6]).unwrap().with_stacked_execution(false);
     for (shape, spec) in [
         ([7usize, 5, 1], ["b", "unsharded", "unsharded"]),
         ([5, 7, 1], ["unsharded", "b", "unsharded"]),
@@ -180,7 +182,7 @@ pub fn all_gather_uneven<I: Backend>(device: I::Device) {
 /// assembles its columns in one launch.
 pub fn all_to_all_uneven<I: Backend>(device: I::Device) {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let mesh = Mesh::new([("x", 3)], vec![device.clone(); 3]).unwrap();
+    let mesh = Mesh::new([("x", 3)], vec![device.clone(); 3]).unwrap().with_stacked_execution(false);
     let data = TensorData::new(values(35, 9), [7, 5]);
     let full = data.to_vec::<f32>().unwrap();
     let t: Tensor<DistributedBackend<I>, 2> = distribute(data, &mesh, &Layout::new(&mesh, ["x", "unsharded"]).unwrap()).unwrap();
@@ -196,7 +198,7 @@ pub fn all_to_all_uneven<I: Backend>(device: I::Device) {
 /// equals the inner backend on the whole tensor.
 pub fn partial_matmul<I: Backend>(device: I::Device) {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let mesh = Mesh::new([("x", 4)], vec![device.clone(); 4]).unwrap();
+    let mesh = Mesh::new([("x", 4)], vec![device.clone(); 4]).unwrap().with_stacked_execution(false);
     let (a, b) = (
         TensorData::new(values(6 * 10, 1), [6, 10]),
         TensorData::new(values(10 * 3, 2), [10, 3]),

@@ -21,7 +21,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Distribution, IndexingUpdateOp, Int, Slice, Tensor, TensorData};
 use burn_dtensor::shard::local_ranges;
 use burn_dtensor::{
-    CollectiveKind, DTensorError, DistributedBackend, DistributedDevice, Layout, Mesh, ReduceOp, UNSHARDED, describe, distribute, distribute_int,
+    CollectiveKind, DTensorError, DistributedBackend, DistributedDevice, DistributedOps, Layout, Mesh, ReduceOp, UNSHARDED, describe, distribute, distribute_int,
     layout, layout_int, record_comms, relayout, relayout_int, to_local_shards,
 };
 use proptest::prelude::*;
@@ -47,8 +47,12 @@ const MESHES: &[&[(&str, usize)]] = &[
     &[("p", 2), ("q", 1), ("r", 4)],
 ];
 
+/// Mesh `i % MESHES.len()`; indices below `MESHES.len()` run in stacked form (the default on a
+/// virtual mesh), the others per device (the path of meshes of distinct devices), so that every
+/// property covers both.
 fn mesh(i: usize) -> Mesh<Dev> {
-    Mesh::virtual_devices(MESHES[i].iter().copied(), Dev::default()).unwrap()
+    let n = MESHES.len();
+    Mesh::virtual_devices(MESHES[i % n].iter().copied(), Dev::default()).unwrap().with_stacked_execution(i < n)
 }
 
 fn mdev(m: &Mesh<Dev>) -> DistributedDevice<Dev> {
@@ -261,7 +265,7 @@ macro_rules! by_rank {
 }
 
 fn config() -> ProptestConfig {
-    ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() }
+    ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() }
 }
 
 fn shape_strat() -> impl Strategy<Value = Vec<usize>> {
@@ -269,7 +273,7 @@ fn shape_strat() -> impl Strategy<Value = Vec<usize>> {
 }
 
 fn mesh_strat() -> impl Strategy<Value = usize> {
-    0..MESHES.len()
+    0..2 * MESHES.len()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1048,4 +1052,32 @@ fn scatter_into_replicated_zeros_keeps_the_index_sharding() {
     assert!(log.events.is_empty(), "{log}");
     assert_eq!(layout(&y), l);
     check("scatter", y, Tensor::<N, 2>::zeros([10, 3], &Dev::default()).scatter(1, orc_int::<2>(&di), orc::<2>(&dv), IndexingUpdateOp::Add));
+}
+
+/// On a virtual mesh, tensors are held stacked (one inner primitive with the mesh axes leading)
+/// and ops run once on the stack; switched off, they run per device. Both give the oracle's
+/// values and record the same communication.
+#[test]
+fn stacked_and_per_device_forms_agree() {
+    let (dx, dw) = (data(&[8, 6], 1), data(&[6, 4], 2));
+    let want = orc::<2>(&dx).matmul(orc::<2>(&dw)).exp().sum_dim(0);
+    let mut logs = Vec::new();
+    for (i, stacked) in [(5, true), (5 + MESHES.len(), false)] {
+        let m = mesh(i); // x=2, y=4
+        let x = dist::<2>(&m, &dx, &Layout::new(&m, ["y", "unsharded"]).unwrap());
+        let w = dist::<2>(&m, &dw, &Layout::new(&m, ["unsharded", "x"]).unwrap());
+        let (y, log) = record_comms(|| relayout(x.matmul(w).exp().sum_dim(0), &Layout::new(&m, ["unsharded", "y"]).unwrap()).unwrap());
+        let p = DB::float_dtensor(y.clone().into_primitive().tensor());
+        assert_eq!(p.is_stacked(), stacked, "{}", describe(&y));
+        if stacked {
+            // y shards dim 1 (4 over 4 devices); x is unused: stack [1, 4] + shard [1, 1].
+            assert_eq!(burn::tensor::TensorMetadata::shape(&p.shards()[0]).to_vec(), vec![1, 4, 1, 1]);
+        } else {
+            assert_eq!(p.shards().len(), 8);
+        }
+        check("stacked vs per device", y, want.clone());
+        logs.push(log.summary());
+    }
+    assert_eq!(logs[0], logs[1]);
+    assert!(!logs[0].is_empty());
 }

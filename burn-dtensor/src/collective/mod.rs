@@ -10,10 +10,13 @@
 //! on one device as a single CubeCL kernel launch; [`generic`] uses it when the inner primitive
 //! is a `CubeTensor` and falls back to the backend's ops otherwise. With the `nccl` feature,
 //! [`nccl`] runs sum all-reduces across distinct CUDA devices with NCCL.
+//!
+//! [`stacked`] runs them on tensors held in stacked form on a virtual mesh ([`crate::stack`]).
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod cube;
 pub mod generic;
+pub mod stacked;
 #[cfg(all(feature = "cuda", feature = "nccl"))]
 pub mod nccl;
 

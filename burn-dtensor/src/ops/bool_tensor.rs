@@ -81,10 +81,10 @@ impl<B: Backend> BoolTensorOps<Self> for DistributedBackend<B> {
         c::binary::<B, Bk, Bk, Bk>(a, b, Linearity::None, B::bool_or)
     }
     fn bool_swap_dims(t: BoolTensor<Self>, d1: usize, d2: usize) -> BoolTensor<Self> {
-        c::swap_dims::<B, Bk>(t, d1, d2, |x| B::bool_swap_dims(x, d1, d2))
+        c::swap_dims::<B, Bk>(t, d1, d2)
     }
     fn bool_permute(t: BoolTensor<Self>, axes: &[usize]) -> BoolTensor<Self> {
-        c::permute::<B, Bk>(t, axes, |x| B::bool_permute(x, axes))
+        c::permute::<B, Bk>(t, axes)
     }
     fn bool_flip(t: BoolTensor<Self>, axes: &[usize]) -> BoolTensor<Self> {
         let shape = t.shape.clone();

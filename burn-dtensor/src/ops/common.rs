@@ -9,7 +9,8 @@ use crate::layout::Layout;
 use crate::mesh::Mesh;
 use crate::rules::pointwise::{Linearity, broadcast_shape, nary};
 use crate::rules::{self, Strategy, fallback, index, reduce, view};
-use crate::shard::{local_ranges, local_shape};
+use crate::shard::local_ranges;
+use crate::stack::{self, At};
 use crate::tensor::{DTensor, Kind};
 use crate::{DistributedDevice, host};
 
@@ -41,7 +42,7 @@ pub fn unary<B: Backend, KI: Kind<B>, KO: Kind<B>>(t: DTensor<KI::P>, lin: Linea
     let t = settled(t);
     let s = rules::pointwise::unary(&t.layout, lin);
     let shape = t.shape.clone();
-    run1::<B, KI, KO>(t, &s, shape, |_, x| f(x))
+    run1::<B, KI, KO>(t, &s, shape, true, |_, x| f(x))
 }
 
 /// Element-wise binary op with broadcasting.
@@ -53,7 +54,16 @@ pub fn binary<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(a: DTensor<K1::
     let (a, b) = (settled(a), settled(b));
     let out = broadcast_shape(&[&a.shape, &b.shape]);
     let s = nary(&[(&a.layout, &a.shape), (&b.layout, &b.shape)], &out, lin);
-    run2::<B, K1, K2, KO>(a, b, &s, out, |_, x, y| f(x, y))
+    run2::<B, K1, K2, KO>(a, b, &s, out, true, |at, x, y| {
+        let (xs, ys) = (x.shape(), y.shape());
+        match stack::coalesce(&[&xs, &ys]) {
+            Some(m) if matches!(at, At::Stacked(_)) => {
+                let shape = stack::broadcast(&[&xs, &ys]);
+                KO::reshape(f(K1::reshape(x, m[0].clone().into()), K2::reshape(y, m[1].clone().into())), shape.into())
+            }
+            _ => f(x, y),
+        }
+    })
 }
 
 /// Element-wise binary op that also needs `dims` whole (cross product).
@@ -65,7 +75,7 @@ pub fn binary_along<B: Backend, K: Kind<B>>(a: DTensor<K::P>, b: DTensor<K::P>, 
     let out = broadcast_shape(&[&a.shape, &b.shape]);
     let mut s = nary(&[(&a.layout, &a.shape), (&b.layout, &b.shape)], &out, Linearity::None);
     s.inputs.iter_mut().chain(std::iter::once(&mut s.output)).for_each(|l| *l = rules::unsharded_on(l, dims));
-    run2::<B, K, K, K>(a, b, &s, out, |_, x, y| f(x, y))
+    run2::<B, K, K, K>(a, b, &s, out, false, |_, x, y| f(x, y))
 }
 
 /// `mask_where(t, mask, value)`, broadcasting.
@@ -77,7 +87,17 @@ pub fn mask_where<B: Backend, K: Kind<B>, KM: Kind<B>>(t: DTensor<K::P>, mask: D
     }
     let out = broadcast_shape(&[&t.shape, &mask.shape, &value.shape]);
     let s = nary(&[(&t.layout, &t.shape), (&mask.layout, &mask.shape), (&value.layout, &value.shape)], &out, Linearity::None);
-    run3::<B, K, KM, K, K>(t, mask, value, &s, out, |_, x, m, v| f(x, m, v))
+    run3::<B, K, KM, K, K>(t, mask, value, &s, out, true, |at, x, m, v| {
+        let (xs, ms, vs) = (x.shape(), m.shape(), v.shape());
+        match stack::coalesce(&[&xs, &ms, &vs]) {
+            Some(c) if matches!(at, At::Stacked(_)) => {
+                let shape = stack::broadcast(&[&xs, &ms, &vs]);
+                let r = f(K::reshape(x, c[0].clone().into()), KM::reshape(m, c[1].clone().into()), K::reshape(v, c[2].clone().into()));
+                K::reshape(r, shape.into())
+            }
+            _ => f(x, m, v),
+        }
+    })
 }
 
 /// An op along `dims` that keeps the rank: those dims whole, the rest per shard.
@@ -86,17 +106,18 @@ pub fn along<B: Backend, KI: Kind<B>, KO: Kind<B>>(t: DTensor<KI::P>, dims: &[us
         return solo_map(t, f);
     }
     let s = rules::along_dims(&t.layout, dims);
-    run1::<B, KI, KO>(t, &s, shape, |_, x| f(x))
+    run1::<B, KI, KO>(t, &s, shape, false, |_, x| f(x))
 }
 
-/// Reduction over `dim` (kept as size 1) with a partial result when `dim` is sharded.
-pub fn reduce_dim<B: Backend, K: Kind<B>>(t: DTensor<K::P>, s: Strategy, dim: usize, f: impl Fn(K::P) -> K::P + Sync) -> DTensor<K::P> {
+/// Reduction over `dim` (kept as size 1) with a partial result when `dim` is sharded; `f(x, d)`
+/// reduces the inner primitive over its dim `d`.
+pub fn reduce_dim<B: Backend, K: Kind<B>>(t: DTensor<K::P>, s: Strategy, dim: usize, f: impl Fn(K::P, usize) -> K::P + Sync) -> DTensor<K::P> {
     if is_solo(&t) {
-        return solo_map(t, f);
+        return solo_map(t, |x| f(x, dim));
     }
     let mut shape = t.shape.clone();
     shape[dim] = 1;
-    run1::<B, K, K>(t, &s, shape, |_, x| f(x))
+    run1::<B, K, K>(t, &s, shape, true, |at, x| f(x, dim + at.off()))
 }
 
 /// Reduction of all elements to shape `[1]`.
@@ -106,13 +127,22 @@ pub fn reduce_all<B: Backend, K: Kind<B>>(t: DTensor<K::P>, op: crate::ReduceOp,
     }
     let t = settled(t);
     let s = reduce::reduce_all(&t.layout, &t.shape, op);
-    run1::<B, K, K>(t, &s, vec![1], |_, x| f(x))
+    run1::<B, K, K>(t, &s, vec![1], true, |at, x| match at {
+        At::Device(_) => f(x),
+        // Per stacked shard: flatten the shard dims, reduce them to one element.
+        At::Stacked(k) => {
+            let xs = x.shape();
+            let mut flat: Vec<usize> = xs[..k].to_vec();
+            flat.push(xs[k..].iter().product());
+            K::reduce_dim(K::reshape(x, flat.into()), k, op)
+        }
+    })
 }
 
 /// Universal fallback: gather, run the inner op on the whole tensor, replicate the output.
 pub fn fallback1<B: Backend, KI: Kind<B>, KO: Kind<B>>(t: DTensor<KI::P>, f: impl Fn(KI::P) -> KO::P + Sync) -> DTensor<KO::P> {
     let s = fallback::replicate(&[&t.layout], 0);
-    fix_replicated(run1::<B, KI, KO>(t, &s, vec![], |_, x| f(x)))
+    fix_replicated(run1::<B, KI, KO>(t, &s, vec![], false, |_, x| f(x)))
 }
 
 /// Gives a replicated output computed by a fallback its real shape and rank.
@@ -145,11 +175,16 @@ pub fn matmul<B: Backend, K: Kind<B>>(lhs: DTensor<K::P>, rhs: DTensor<K::P>, f:
         let macs = xs.num_elements().saturating_mul(ys[r - 1]).max(ys.num_elements().saturating_mul(xs[r - 2]));
         (macs / dispatch::MATMUL_WORK_PER_ELEMENT).max(xs.num_elements()).max(ys.num_elements())
     };
-    run2_weighted::<B, K, K, K>(lhs, rhs, &s, shape, weigh, |_, x, y| {
+    // Stacked, the leading mesh dims are batch dims that the inner matmul broadcasts.
+    run2_weighted::<B, K, K, K>(lhs, rhs, &s, shape, true, weigh, |at, x, y| {
         let (xs, ys) = (x.shape(), y.shape());
         if xs.num_elements() > 0 && ys.num_elements() > 0 {
-            return f(x, y);
+            return match at {
+                At::Stacked(k) => stack::matmul::<B, K>(x, y, k, &f),
+                At::Device(_) => f(x, y),
+            };
         }
+        let r = xs.num_dims();
         let mut out: Vec<usize> = (0..r - 2).map(|d| bcast(xs[d], ys[d])).collect();
         out.extend([xs[r - 2], ys[r - 1]]);
         K::zeros(out.into(), &K::device(&x), x.dtype())
@@ -157,21 +192,21 @@ pub fn matmul<B: Backend, K: Kind<B>>(lhs: DTensor<K::P>, rhs: DTensor<K::P>, f:
 }
 
 /// `permute(axes)`.
-pub fn permute<B: Backend, K: Kind<B>>(t: DTensor<K::P>, axes: &[usize], f: impl Fn(K::P) -> K::P + Sync) -> DTensor<K::P> {
+pub fn permute<B: Backend, K: Kind<B>>(t: DTensor<K::P>, axes: &[usize]) -> DTensor<K::P> {
     if is_solo(&t) {
-        return solo_map(t, f);
+        return solo_map(t, |x| K::permute(x, axes));
     }
     let t = settled(t);
     let s = view::permute(&t.layout, axes);
     let shape = axes.iter().map(|&a| t.shape[a]).collect();
-    run1::<B, K, K>(t, &s, shape, |_, x| f(x))
+    run1::<B, K, K>(t, &s, shape, true, |at, x| K::permute(x, &at.axes(axes)))
 }
 
-/// `swap_dims(d1, d2)`.
-pub fn swap_dims<B: Backend, K: Kind<B>>(t: DTensor<K::P>, d1: usize, d2: usize, f: impl Fn(K::P) -> K::P + Sync) -> DTensor<K::P> {
+/// `swap_dims(d1, d2)`, as the permutation that swaps them.
+pub fn swap_dims<B: Backend, K: Kind<B>>(t: DTensor<K::P>, d1: usize, d2: usize) -> DTensor<K::P> {
     let mut axes: Vec<usize> = (0..t.shape.len()).collect();
     axes.swap(d1, d2);
-    permute::<B, K>(t, &axes, f)
+    permute::<B, K>(t, &axes)
 }
 
 /// `reshape(shape)`.
@@ -185,7 +220,7 @@ pub fn reshape<B: Backend, K: Kind<B>>(t: DTensor<K::P>, new: Vec<usize>) -> DTe
     }
     let s = view::reshape(&t.layout, &t.shape, &new);
     let out = s.output.clone();
-    run1::<B, K, K>(t, &s, new.clone(), |i, x| K::reshape(x, local_shape(&out, &new, i).into()))
+    run1::<B, K, K>(t, &s, new.clone(), true, |at, x| K::reshape(x, at.shape(&out, &new).into()))
 }
 
 /// `expand(shape)`.
@@ -196,7 +231,19 @@ pub fn expand<B: Backend, K: Kind<B>>(t: DTensor<K::P>, new: Vec<usize>, f: impl
     let t = settled(t);
     let s = view::expand(&t.layout, &t.shape, &new);
     let out = s.output.clone();
-    run1::<B, K, K>(t, &s, new.clone(), |i, x| f(x, local_shape(&out, &new, i).into()))
+    let added = new.len() - t.shape.len();
+    run1::<B, K, K>(t, &s, new.clone(), true, |at, x| {
+        // Stacked, the new leading tensor dims go between the mesh dims and the shard dims.
+        let x = match at {
+            At::Stacked(k) if added > 0 => {
+                let xs = x.shape();
+                let with_ones: Vec<usize> = xs[..k].iter().copied().chain(std::iter::repeat_n(1, added)).chain(xs[k..].iter().copied()).collect();
+                K::reshape(x, with_ones.into())
+            }
+            _ => x,
+        };
+        f(x, at.shape(&out, &new).into())
+    })
 }
 
 /// `unfold(dim, size, step)`: windows along a whole `dim`, appended as a new last dim.
@@ -206,7 +253,7 @@ pub fn unfold<B: Backend, K: Kind<B>>(t: DTensor<K::P>, dim: usize, size: usize,
     let mut shape = t.shape.clone();
     shape[dim] = (shape[dim].saturating_sub(size)) / step + 1;
     shape.push(size);
-    run1::<B, K, K>(t, &s, shape, |_, x| f(x))
+    run1::<B, K, K>(t, &s, shape, false, |_, x| f(x))
 }
 
 fn local_slices(slices: &[Slice], l: &Layout) -> Vec<Slice> {
@@ -222,7 +269,7 @@ pub fn slice<B: Backend, K: Kind<B>>(t: DTensor<K::P>, slices: &[Slice]) -> DTen
     let s = index::slice(&t.layout, &t.shape, slices);
     let shape = t.shape.iter().enumerate().map(|(d, &n)| slices.get(d).map_or(n, |s| s.output_size(n))).collect();
     let local = local_slices(slices, &s.inputs[0]);
-    run1::<B, K, K>(t, &s, shape, |_, x| K::slice(x, &local))
+    run1::<B, K, K>(t, &s, shape, true, |at, x| K::slice(x, &at.slices(&local)))
 }
 
 /// `slice_assign(t, slices, value)`.
@@ -231,7 +278,7 @@ pub fn slice_assign<B: Backend, K: Kind<B>>(t: DTensor<K::P>, slices: &[Slice], 
     let s = index::slice_assign(&t.layout, &t.shape, slices);
     let local = local_slices(slices, &s.inputs[0]);
     let shape = t.shape.clone();
-    run2::<B, K, K, K>(t, value, &s, shape, |_, x, v| f(x, &local, v))
+    run2::<B, K, K, K>(t, value, &s, shape, true, |at, x, v| f(x, &at.slices(&local), v))
 }
 
 /// Whether `a` and `b` have the same shape except on `dim`.
@@ -251,7 +298,7 @@ pub fn gather<B: Backend, K: Kind<B>, KI: Kind<B>>(dim: usize, t: DTensor<K::P>,
         fallback::replicate(&[&t.layout, &idx.layout], idx.shape.len())
     };
     let shape = idx.shape.clone();
-    run2::<B, K, KI, K>(t, idx, &s, shape, |_, x, i| f(dim, x, i))
+    run2::<B, K, KI, K>(t, idx, &s, shape, true, |at, x, i| f(dim + at.off(), x, i))
 }
 
 /// `scatter_*(dim, t, indices, value)` and `select_*`-style ops with a value operand.
@@ -263,7 +310,7 @@ pub fn scatter<B: Backend, K: Kind<B>, KI: Kind<B>>(dim: usize, t: DTensor<K::P>
         fallback::replicate(&[&t.layout, &idx.layout, &value.layout], t.shape.len())
     };
     let shape = t.shape.clone();
-    run3::<B, K, KI, K, K>(t, idx, value, &s, shape, |_, x, i, v| f(dim, x, i, v))
+    run3::<B, K, KI, K, K>(t, idx, value, &s, shape, true, |at, x, i, v| f(dim + at.off(), x, i, v))
 }
 
 /// `select(t, dim, indices)`: `dim` whole, indices replicated.
@@ -276,7 +323,7 @@ pub fn select<B: Backend, K: Kind<B>, KI: Kind<B>>(t: DTensor<K::P>, dim: usize,
     let s = Strategy { inputs: vec![r.clone(), Layout::replicated_on(&r.mesh, 1)], output: r };
     let mut shape = t.shape.clone();
     shape[dim] = idx.shape[0];
-    run2::<B, K, KI, K>(t, idx, &s, shape, |_, x, i| f(x, dim, i))
+    run2::<B, K, KI, K>(t, idx, &s, shape, false, |_, x, i| f(x, dim, i))
 }
 
 /// `select_add(t, dim, indices, value)`: `dim` whole, indices replicated, value aligned with `t`.
@@ -285,7 +332,7 @@ pub fn select_assign<B: Backend, K: Kind<B>, KI: Kind<B>>(t: DTensor<K::P>, dim:
     let r = rules::unsharded_on(&t.layout, &[dim]);
     let s = Strategy { inputs: vec![r.clone(), Layout::replicated_on(&r.mesh, 1), r.clone()], output: r };
     let shape = t.shape.clone();
-    run3::<B, K, KI, K, K>(t, idx, value, &s, shape, |_, x, i, v| f(x, dim, i, v))
+    run3::<B, K, KI, K, K>(t, idx, value, &s, shape, false, |_, x, i, v| f(x, dim, i, v))
 }
 
 /// `cat(tensors, dim)`: `dim` whole, other dims aligned with the first tensor.
@@ -293,7 +340,7 @@ pub fn cat<B: Backend, K: Kind<B>>(ts: Vec<DTensor<K::P>>, dim: usize) -> DTenso
     let s = index::cat(&ts.iter().map(|t| &t.layout).collect::<Vec<_>>(), dim);
     let mut shape = ts[0].shape.clone();
     shape[dim] = ts.iter().map(|t| t.shape[dim]).sum();
-    run_n::<B, K, K>(ts, &s, shape, |_, parts| K::cat(parts, dim))
+    run_n::<B, K, K>(ts, &s, shape, true, |at, parts| K::cat(parts, dim + at.off()))
 }
 
 /// `repeat_dim(dim, times)`.
@@ -330,6 +377,21 @@ pub fn distribute<B: Backend, K: Kind<B>>(data: TensorData, mesh: &Mesh<B::Devic
         return Err(crate::DTensorError::MeshMismatch { from: layout.mesh.to_string(), to: mesh.to_string() });
     }
     let settled = layout.without_partial();
+    if stack::stackable(&settled, &shape) {
+        // Stacked: one upload of the whole buffer, each sharded dim split into its chunks along
+        // the axis' leading dim (views, no copy on CPU backends).
+        let topo = &settled.mesh;
+        let mut lead = vec![1; topo.ndim()];
+        lead.extend(&shape);
+        let mut x = K::reshape(K::from_data(data, &mesh.devices()[0]), lead.into());
+        for (d, a) in settled.dims.iter().enumerate() {
+            if let Some(a) = *a {
+                x = crate::collective::stacked::local_chunk::<B, K>(x, topo, a, d);
+            }
+        }
+        let t = stack::output(shape, settled, x);
+        return Ok(if layout.is_partial() { crate::redistribute::redistribute::<B, K>(t, layout)? } else { t });
+    }
     let plan = super::dispatch::dedupe_plan(&[&settled], mesh.devices());
     let computed: Vec<usize> = (0..mesh.size()).filter(|&i| plan[i].is_none()).collect();
     let mut data = Some(data);
@@ -360,7 +422,7 @@ pub fn distribute<B: Backend, K: Kind<B>>(data: TensorData, mesh: &Mesh<B::Devic
 /// Downloads the global tensor: partial results are reduced on the mesh, then one device per
 /// distinct chunk is read and the chunks are assembled on the host (no device collective).
 pub fn into_data<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> TensorData {
-    let t = if t.layout.is_partial() { crate::redistribute::execute::<B, K>(t.clone(), &t.layout.without_partial()) } else { t };
+    let t = if t.layout.is_partial() { crate::redistribute::execute::<B, K>(t.clone(), &t.layout.without_partial()) } else { stack::to_per_device::<B, K>(t) };
     let topo = t.layout.mesh.clone();
     let mut pieces = Vec::new();
     for (i, p) in t.shards.iter().enumerate() {

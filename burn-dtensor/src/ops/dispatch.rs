@@ -3,12 +3,14 @@
 //!
 //! Devices that hold identical inputs (same chunk, same pending coordinate, same inner device:
 //! replicas on virtual devices) compute once and share the result, so a replicated op on an
-//! 8-device virtual mesh costs one inner op, not eight.
+//! 8-device virtual mesh costs one inner op, not eight. On a stacked virtual mesh
+//! ([`crate::stack`]) an op whose closure has a stacked form runs once on the stacked operands.
 
 use burn::tensor::backend::Backend;
 
 use crate::layout::Layout;
-use crate::redistribute::execute;
+use crate::redistribute::{execute, execute_stacked};
+use crate::stack::{self, At};
 use crate::rules::Strategy;
 use crate::tensor::{DTensor, Kind};
 
@@ -88,7 +90,7 @@ fn run_each<P: Clone + Send, I: Send>(inputs: Vec<I>, plan: &[Option<usize>], wo
 /// inner op on the one shard, with a replicated output: [`solo_map`] builds it without computing a
 /// sharding rule (the decorator's per-op cost on a one-device mesh).
 pub(crate) fn is_solo<P>(t: &DTensor<P>) -> bool {
-    t.shards.len() == 1
+    t.shards.len() == 1 && !t.stacked
 }
 
 /// The only shard of a tensor on a one-device mesh.
@@ -119,64 +121,95 @@ fn work<P: burn::tensor::TensorMetadata>(shards: &[P]) -> usize {
     shards.first().map_or(0, |s| s.shape().num_elements())
 }
 
-/// One input.
-pub fn run1<B: Backend, K1: Kind<B>, KO: Kind<B>>(t: DTensor<K1::P>, s: &Strategy, shape: Vec<usize>, f: impl Fn(usize, K1::P) -> KO::P + Sync) -> DTensor<KO::P> {
+/// Whether an op runs stacked: its closure has a stacked form (`stack`) and every operand (global
+/// shape, layout the rule asks for) and the output can be held stacked (see [`crate::stack`]).
+fn stacks(stack: bool, out: (&Layout, &[usize]), inputs: &[(&Layout, &[usize])]) -> bool {
+    stack && stack::stackable(out.0, out.1) && inputs.iter().all(|(l, s)| stack::stackable(l, s))
+}
+
+/// One input. `f` receives where it runs ([`At`]); `stack` says whether it is correct on a
+/// stacked primitive (dims offset by [`At::off`], shapes from [`At::shape`]).
+pub fn run1<B: Backend, K1: Kind<B>, KO: Kind<B>>(t: DTensor<K1::P>, s: &Strategy, shape: Vec<usize>, stack: bool, f: impl Fn(At, K1::P) -> KO::P + Sync) -> DTensor<KO::P> {
+    if stacks(stack, (&s.output, &shape), &[(&s.inputs[0], &t.shape)]) {
+        let x = execute_stacked::<B, K1>(t, &s.inputs[0]);
+        return stack::output(shape, s.output.clone(), f(At::Stacked(s.output.mesh.ndim()), x));
+    }
     let t = execute::<B, K1>(t, &s.inputs[0]);
     let plan = plan_for::<B, K1>(&t.shards, &[&s.inputs[0], &s.output]);
     let w = work(&t.shards);
-    DTensor::from_parts(shape, s.output.clone(), run_each(t.shards, &plan, w, threads_for::<B>(), f))
+    DTensor::from_parts(shape, s.output.clone(), run_each(t.shards, &plan, w, threads_for::<B>(), |i, x| f(At::Device(i), x)))
 }
 
-/// Two inputs.
+/// Two inputs (see [`run1`]).
 pub fn run2<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
     a: DTensor<K1::P>,
     b: DTensor<K2::P>,
     s: &Strategy,
     shape: Vec<usize>,
-    f: impl Fn(usize, K1::P, K2::P) -> KO::P + Sync,
+    stack: bool,
+    f: impl Fn(At, K1::P, K2::P) -> KO::P + Sync,
 ) -> DTensor<KO::P> {
-    run2_weighted::<B, K1, K2, KO>(a, b, s, shape, |x, y| work(x).max(work(y)), f)
+    run2_weighted::<B, K1, K2, KO>(a, b, s, shape, stack, |x, y| work(x).max(work(y)), f)
 }
 
 /// [`run2`] with the per-shard work (for [`par_min`]) computed by `weigh` from the input shards
 /// after redistribution.
+#[allow(clippy::too_many_arguments)]
 pub fn run2_weighted<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
     a: DTensor<K1::P>,
     b: DTensor<K2::P>,
     s: &Strategy,
     shape: Vec<usize>,
+    stack: bool,
     weigh: impl Fn(&[K1::P], &[K2::P]) -> usize,
-    f: impl Fn(usize, K1::P, K2::P) -> KO::P + Sync,
+    f: impl Fn(At, K1::P, K2::P) -> KO::P + Sync,
 ) -> DTensor<KO::P> {
+    if stacks(stack, (&s.output, &shape), &[(&s.inputs[0], &a.shape), (&s.inputs[1], &b.shape)]) {
+        let x = execute_stacked::<B, K1>(a, &s.inputs[0]);
+        let y = execute_stacked::<B, K2>(b, &s.inputs[1]);
+        return stack::output(shape, s.output.clone(), f(At::Stacked(s.output.mesh.ndim()), x, y));
+    }
     let a = execute::<B, K1>(a, &s.inputs[0]);
     let b = execute::<B, K2>(b, &s.inputs[1]);
     let plan = plan_for::<B, K1>(&a.shards, &[&s.inputs[0], &s.inputs[1], &s.output]);
     let w = weigh(&a.shards, &b.shards);
     let inputs: Vec<_> = a.shards.into_iter().zip(b.shards).collect();
-    DTensor::from_parts(shape, s.output.clone(), run_each(inputs, &plan, w, threads_for::<B>(), |i, (x, y)| f(i, x, y)))
+    DTensor::from_parts(shape, s.output.clone(), run_each(inputs, &plan, w, threads_for::<B>(), |i, (x, y)| f(At::Device(i), x, y)))
 }
 
-/// Three inputs.
-#[allow(clippy::type_complexity)]
+/// Three inputs (see [`run1`]).
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
 pub fn run3<B: Backend, K1: Kind<B>, K2: Kind<B>, K3: Kind<B>, KO: Kind<B>>(
     a: DTensor<K1::P>,
     b: DTensor<K2::P>,
     c: DTensor<K3::P>,
     s: &Strategy,
     shape: Vec<usize>,
-    f: impl Fn(usize, K1::P, K2::P, K3::P) -> KO::P + Sync,
+    stack: bool,
+    f: impl Fn(At, K1::P, K2::P, K3::P) -> KO::P + Sync,
 ) -> DTensor<KO::P> {
+    if stacks(stack, (&s.output, &shape), &[(&s.inputs[0], &a.shape), (&s.inputs[1], &b.shape), (&s.inputs[2], &c.shape)]) {
+        let x = execute_stacked::<B, K1>(a, &s.inputs[0]);
+        let y = execute_stacked::<B, K2>(b, &s.inputs[1]);
+        let z = execute_stacked::<B, K3>(c, &s.inputs[2]);
+        return stack::output(shape, s.output.clone(), f(At::Stacked(s.output.mesh.ndim()), x, y, z));
+    }
     let a = execute::<B, K1>(a, &s.inputs[0]);
     let b = execute::<B, K2>(b, &s.inputs[1]);
     let c = execute::<B, K3>(c, &s.inputs[2]);
     let plan = plan_for::<B, K1>(&a.shards, &[&s.inputs[0], &s.inputs[1], &s.inputs[2], &s.output]);
     let w = work(&a.shards);
     let inputs: Vec<_> = a.shards.into_iter().zip(b.shards).zip(c.shards).collect();
-    DTensor::from_parts(shape, s.output.clone(), run_each(inputs, &plan, w, threads_for::<B>(), |i, ((x, y), z)| f(i, x, y, z)))
+    DTensor::from_parts(shape, s.output.clone(), run_each(inputs, &plan, w, threads_for::<B>(), |i, ((x, y), z)| f(At::Device(i), x, y, z)))
 }
 
-/// Any number of inputs of one kind (cat).
-pub fn run_n<B: Backend, K: Kind<B>, KO: Kind<B>>(ts: Vec<DTensor<K::P>>, s: &Strategy, shape: Vec<usize>, f: impl Fn(usize, Vec<K::P>) -> KO::P + Sync) -> DTensor<KO::P> {
+/// Any number of inputs of one kind (cat; see [`run1`]).
+pub fn run_n<B: Backend, K: Kind<B>, KO: Kind<B>>(ts: Vec<DTensor<K::P>>, s: &Strategy, shape: Vec<usize>, stack: bool, f: impl Fn(At, Vec<K::P>) -> KO::P + Sync) -> DTensor<KO::P> {
+    let operands: Vec<(&Layout, &[usize])> = s.inputs.iter().zip(&ts).map(|(l, t)| (l, &t.shape[..])).collect();
+    if stacks(stack, (&s.output, &shape), &operands) {
+        let xs = ts.into_iter().zip(&s.inputs).map(|(t, l)| execute_stacked::<B, K>(t, l)).collect();
+        return stack::output(shape, s.output.clone(), f(At::Stacked(s.output.mesh.ndim()), xs));
+    }
     let ts: Vec<DTensor<K::P>> = ts.into_iter().zip(&s.inputs).map(|(t, l)| execute::<B, K>(t, l)).collect();
     let devices: Vec<B::Device> = ts[0].shards.iter().map(K::device).collect();
     let mut ls: Vec<&Layout> = s.inputs.iter().collect();
@@ -190,7 +223,7 @@ pub fn run_n<B: Backend, K: Kind<B>, KO: Kind<B>>(ts: Vec<DTensor<K::P>>, s: &St
             per_device[i].push(p);
         }
     }
-    DTensor::from_parts(shape, s.output.clone(), run_each(per_device, &plan, w, threads_for::<B>(), f))
+    DTensor::from_parts(shape, s.output.clone(), run_each(per_device, &plan, w, threads_for::<B>(), |i, x| f(At::Device(i), x)))
 }
 
 /// Creation on a mesh: `f(device)` per distinct inner device; the result is replicated.

@@ -93,10 +93,10 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
         c::binary_along::<B, F>(lhs, rhs, &[dim], |x, y| B::float_cross(x, y, dim))
     }
     fn float_swap_dims(t: FloatTensor<Self>, d1: usize, d2: usize) -> FloatTensor<Self> {
-        c::swap_dims::<B, F>(t, d1, d2, |x| B::float_swap_dims(x, d1, d2))
+        c::swap_dims::<B, F>(t, d1, d2)
     }
     fn float_permute(t: FloatTensor<Self>, axes: &[usize]) -> FloatTensor<Self> {
-        c::permute::<B, F>(t, axes, |x| B::float_permute(x, axes))
+        c::permute::<B, F>(t, axes)
     }
     fn float_flip(t: FloatTensor<Self>, axes: &[usize]) -> FloatTensor<Self> {
         let shape = t.shape.clone();
@@ -143,7 +143,7 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
     }
     fn float_sum_dim(t: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
         let s = reduce::sum_dim(&t.layout, dim);
-        c::reduce_dim::<B, F>(t, s, dim, |x| B::float_sum_dim(x, dim))
+        c::reduce_dim::<B, F>(t, s, dim, B::float_sum_dim)
     }
     /// Exact on uneven shards: over a sharded dim, each shard sums locally and divides by the
     /// *global* size, leaving a partial sum.
@@ -151,18 +151,18 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
         let s = reduce::sum_dim(&t.layout, dim);
         let n = t.shape[dim] as f64;
         if s.inputs[0].dims[dim].is_some() {
-            c::reduce_dim::<B, F>(t, s, dim, |x| B::float_div_scalar(B::float_sum_dim(x, dim), n.into()))
+            c::reduce_dim::<B, F>(t, s, dim, |x, d| B::float_div_scalar(B::float_sum_dim(x, d), n.into()))
         } else {
-            c::reduce_dim::<B, F>(t, s, dim, |x| B::float_mean_dim(x, dim))
+            c::reduce_dim::<B, F>(t, s, dim, B::float_mean_dim)
         }
     }
     fn float_max_dim(t: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
         let s = reduce::extremum_dim(&t.layout, &t.shape, dim, ReduceOp::Max);
-        c::reduce_dim::<B, F>(t, s, dim, |x| B::float_max_dim(x, dim))
+        c::reduce_dim::<B, F>(t, s, dim, B::float_max_dim)
     }
     fn float_min_dim(t: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
         let s = reduce::extremum_dim(&t.layout, &t.shape, dim, ReduceOp::Min);
-        c::reduce_dim::<B, F>(t, s, dim, |x| B::float_min_dim(x, dim))
+        c::reduce_dim::<B, F>(t, s, dim, B::float_min_dim)
     }
     fn float_argtopk(t: FloatTensor<Self>, dim: usize, k: usize, o: IntDType) -> IntTensor<Self> {
         let mut shape = t.shape.clone();

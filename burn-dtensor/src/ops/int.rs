@@ -111,7 +111,7 @@ impl<B: Backend> IntTensorOps<Self> for DistributedBackend<B> {
     }
     fn int_sum_dim(t: IntTensor<Self>, dim: usize) -> IntTensor<Self> {
         let s = reduce::sum_dim(&t.layout, dim);
-        c::reduce_dim::<B, I>(t, s, dim, |x| B::int_sum_dim(x, dim))
+        c::reduce_dim::<B, I>(t, s, dim, B::int_sum_dim)
     }
     /// Integer mean rounds per element, so a sharded dim is gathered first (a per-shard
     /// partial mean would round differently).
@@ -122,11 +122,11 @@ impl<B: Backend> IntTensorOps<Self> for DistributedBackend<B> {
     }
     fn int_max_dim(t: IntTensor<Self>, dim: usize) -> IntTensor<Self> {
         let s = reduce::extremum_dim(&t.layout, &t.shape, dim, ReduceOp::Max);
-        c::reduce_dim::<B, I>(t, s, dim, |x| B::int_max_dim(x, dim))
+        c::reduce_dim::<B, I>(t, s, dim, B::int_max_dim)
     }
     fn int_min_dim(t: IntTensor<Self>, dim: usize) -> IntTensor<Self> {
         let s = reduce::extremum_dim(&t.layout, &t.shape, dim, ReduceOp::Min);
-        c::reduce_dim::<B, I>(t, s, dim, |x| B::int_min_dim(x, dim))
+        c::reduce_dim::<B, I>(t, s, dim, B::int_min_dim)
     }
     fn int_argtopk(t: IntTensor<Self>, dim: usize, k: usize) -> IntTensor<Self> {
         let mut shape = t.shape.clone();
@@ -134,10 +134,10 @@ impl<B: Backend> IntTensorOps<Self> for DistributedBackend<B> {
         c::along::<B, I, I>(t, &[dim], shape, |x| B::int_argtopk(x, dim, k))
     }
     fn int_swap_dims(t: IntTensor<Self>, d1: usize, d2: usize) -> IntTensor<Self> {
-        c::swap_dims::<B, I>(t, d1, d2, |x| B::int_swap_dims(x, d1, d2))
+        c::swap_dims::<B, I>(t, d1, d2)
     }
     fn int_permute(t: IntTensor<Self>, axes: &[usize]) -> IntTensor<Self> {
-        c::permute::<B, I>(t, axes, |x| B::int_permute(x, axes))
+        c::permute::<B, I>(t, axes)
     }
     fn int_flip(t: IntTensor<Self>, axes: &[usize]) -> IntTensor<Self> {
         let shape = t.shape.clone();

@@ -30,7 +30,7 @@ fn prep<B: Backend, K: Kind<B>>(t: DTensor<K::P>, x: &Layout, batched: bool) -> 
 fn run_batch<B: Backend, R: TensorMetadata + Clone>(x: &FT<B>, n_shards: usize, batched_out: bool, f: impl Fn(usize) -> R) -> DTensor<R> {
     let xl = prep::<B, FloatKind>(x.clone(), &x.layout, true).layout;
     let out_l = if batched_out { xl.clone() } else { Layout::replicated_on(&xl.mesh, 0) };
-    let devices: Vec<B::Device> = x.shards.iter().map(B::float_device).collect();
+    let devices = super::common::mesh_of::<B, _>(x).devices().to_vec();
     let plan = dedupe_plan(&[&xl], &devices);
     let mut shards: Vec<R> = Vec::with_capacity(n_shards);
     for i in 0..n_shards {

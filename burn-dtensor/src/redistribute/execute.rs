@@ -7,6 +7,7 @@ use super::plan::{Step, plan};
 use crate::collective;
 use crate::error::Result;
 use crate::layout::{Layout, ReduceOp};
+use crate::stack;
 use crate::tensor::{DTensor, Kind};
 
 /// Relayouts `t` to `to`, running the collectives the two layouts imply.
@@ -17,11 +18,15 @@ use crate::tensor::{DTensor, Kind};
 /// # Errors
 /// [`DTensorError::MeshMismatch`](crate::DTensorError::MeshMismatch) and
 /// [`DTensorError::RankMismatch`](crate::DTensorError::RankMismatch).
+///
+/// The result keeps the input's form (per device or stacked, see [`crate::stack`]), except that
+/// a stacked tensor goes per device when `to` cannot be held stacked (an uneven split).
 pub fn redistribute<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout) -> Result<DTensor<K::P>> {
     if &t.layout == to {
         return Ok(t);
     }
     let steps = plan(&t.layout, to)?;
+    let t = if t.stacked && !stack::stackable(to, &t.shape) { stack::to_per_device::<B, K>(t) } else { t };
     let reduces_all = t.layout.is_partial()
         && steps.iter().all(|s| !matches!(s, Step::ReduceScatter { .. }))
         && !to.is_partial();
@@ -37,15 +42,29 @@ pub fn redistribute<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout) -> Re
     Ok(run::<B, K>(t, to, &steps))
 }
 
-/// As [`redistribute`] for layouts already known to share the mesh and rank.
+/// As [`redistribute`] for layouts already known to share the mesh and rank, with the result in
+/// per-device form.
 ///
 /// # Panics
 /// On a mesh or rank mismatch (an internal bug: sharding rules only produce valid layouts).
 pub fn execute<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout) -> DTensor<K::P> {
-    redistribute::<B, K>(t, to).unwrap_or_else(|e| panic!("burn-dtensor: {e}"))
+    stack::to_per_device::<B, K>(redistribute::<B, K>(t, to).unwrap_or_else(|e| panic!("burn-dtensor: {e}")))
+}
+
+/// As [`execute`], with the result as the stacked primitive; `to` must be
+/// [`stackable`](stack::stackable) for the tensor's shape. A tensor whose own layout is stackable
+/// is stacked first and relaid out on the stack; one whose layout is not is relaid out per device,
+/// then stacked.
+pub fn execute_stacked<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout) -> K::P {
+    let t = if !t.stacked && stack::stackable(&t.layout, &t.shape) { stack::to_stacked::<B, K>(t) } else { t };
+    let r = redistribute::<B, K>(t, to).unwrap_or_else(|e| panic!("burn-dtensor: {e}"));
+    stack::to_stacked::<B, K>(r).shards.pop().expect("a stacked primitive")
 }
 
 fn run<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout, steps: &[Step]) -> DTensor<K::P> {
+    if t.stacked {
+        return run_stacked::<B, K>(t, to, steps);
+    }
     let DTensor { shape, layout, mut shards, .. } = t;
     let topo = layout.mesh.clone();
     for step in steps {
@@ -67,4 +86,22 @@ fn run<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout, steps: &[Step]) ->
         }
     }
     DTensor::from_parts(shape, to.clone(), shards)
+}
+
+fn run_stacked<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout, steps: &[Step]) -> DTensor<K::P> {
+    use collective::stacked as c;
+    let DTensor { shape, layout, mut shards, .. } = t;
+    let topo = layout.mesh.clone();
+    let mut x = shards.pop().expect("a stacked primitive");
+    for step in steps {
+        x = match *step {
+            Step::AllReduce { axis, op } => c::all_reduce::<B, K>(x, &topo, axis, op, &shape),
+            Step::ReduceScatter { axis, op, dim } => c::reduce_scatter::<B, K>(x, &topo, axis, op, dim, &shape),
+            Step::AllGather { axis, dim } => c::all_gather::<B, K>(x, &topo, axis, dim, &shape),
+            Step::AllToAll { axis, from, to } => c::all_to_all::<B, K>(x, &topo, axis, from, to, &shape),
+            Step::LocalChunk { axis, dim } => c::local_chunk::<B, K>(x, &topo, axis, dim),
+            Step::MakePartial { axis, op } => c::make_partial::<B, K>(x, &topo, axis, op),
+        };
+    }
+    stack::output(shape, to.clone(), x)
 }

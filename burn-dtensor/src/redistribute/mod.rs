@@ -9,5 +9,5 @@
 mod execute;
 mod plan;
 
-pub use execute::{execute, redistribute};
+pub use execute::{execute, execute_stacked, redistribute};
 pub use plan::{Step, plan};

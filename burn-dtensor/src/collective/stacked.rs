@@ -1,0 +1,122 @@
+//! Collectives on a stacked primitive (see [`crate::stack`]): dim `a < k` of the primitive is mesh
+//! axis `a`, tensor dim `d` is primitive dim `k + d`. Each is one or two inner ops on the whole
+//! stack, for every sub-group of the axis at once. They record the same communication as their
+//! per-device counterparts in [`super::generic`] (bytes received, summed over all devices), so
+//! [`CommDebugMode`](crate::CommDebugMode) reports the same figures in both forms.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Shape, TensorMetadata};
+
+use crate::comm::{self, CollectiveKind};
+use crate::layout::ReduceOp;
+use crate::mesh::MeshTopology;
+use crate::tensor::Kind;
+
+/// Bytes of one device's shard: the primitive's trailing (per-shard) dims.
+fn shard_bytes<P: TensorMetadata>(p: &P, k: usize) -> u64 {
+    let s = p.shape();
+    (s[k..].iter().product::<usize>() * p.dtype().size()) as u64
+}
+
+fn with(shape: &[usize], i: usize, v: usize) -> Vec<usize> {
+    let mut s = shape.to_vec();
+    s[i] = v;
+    s
+}
+
+/// All-reduce along `axis`: the `op`-reduction over the axis' leading dim (which becomes 1).
+pub fn all_reduce<B: Backend, K: Kind<B>>(x: K::P, topo: &MeshTopology, axis: usize, op: ReduceOp, global: &[usize]) -> K::P {
+    let m = topo.axis_size(axis) as u64;
+    let groups = topo.size() as u64 / m;
+    comm::record(CollectiveKind::AllReduce, topo.axis_name(axis), groups * 2 * (m - 1) * shard_bytes(&x, topo.ndim()), global);
+    K::reduce_dim(x, axis, op)
+}
+
+/// Reduce-scatter along `axis` onto tensor dim `dim`: the reduction, then each index of the axis
+/// keeps its chunk of `dim`.
+pub fn reduce_scatter<B: Backend, K: Kind<B>>(x: K::P, topo: &MeshTopology, axis: usize, op: ReduceOp, dim: usize, global: &[usize]) -> K::P {
+    let m = topo.axis_size(axis) as u64;
+    let groups = topo.size() as u64 / m;
+    comm::record(CollectiveKind::ReduceScatter, topo.axis_name(axis), groups * (m - 1) * shard_bytes(&x, topo.ndim()), global);
+    local_chunk::<B, K>(K::reduce_dim(x, axis, op), topo, axis, dim)
+}
+
+/// All-gather along `axis` of tensor dim `dim`: the axis' leading dim moves next to `dim` and
+/// the two merge (coordinate-major, as the per-device concatenation): a permute and a reshape.
+pub fn all_gather<B: Backend, K: Kind<B>>(x: K::P, topo: &MeshTopology, axis: usize, dim: usize, global: &[usize]) -> K::P {
+    let k = topo.ndim();
+    let m = topo.axis_size(axis);
+    let groups = (topo.size() / m) as u64;
+    comm::record(CollectiveKind::AllGather, topo.axis_name(axis), groups * (m as u64 - 1) * m as u64 * shard_bytes(&x, k), global);
+    gather_dims::<B, K>(x, k, axis, dim)
+}
+
+fn gather_dims<B: Backend, K: Kind<B>>(x: K::P, k: usize, axis: usize, dim: usize) -> K::P {
+    let xs = x.shape().to_vec();
+    let p = k + dim;
+    let m = xs[axis];
+    let mut order: Vec<usize> = (0..xs.len()).filter(|&i| i != axis).collect();
+    order.insert(p - 1, axis);
+    let mut target = with(&xs, axis, 1);
+    target[p] *= m;
+    K::reshape(permute::<B, K>(x, &order), Shape::from(target))
+}
+
+/// `permute(order)`, as a reshape when it only moves size-1 dims (the non-1 dims keep their
+/// order): the layout stays contiguous, which backends that test contiguity strictly (Flex:
+/// strides of size-1 dims included) need to keep later reshapes and element-wise ops on their
+/// fast paths.
+pub(crate) fn permute<B: Backend, K: Kind<B>>(x: K::P, order: &[usize]) -> K::P {
+    let xs = x.shape();
+    if order.iter().enumerate().all(|(i, &o)| i == o) {
+        return x;
+    }
+    let kept = |it: &mut dyn Iterator<Item = usize>| it.filter(|&i| xs[i] != 1).collect::<Vec<_>>();
+    if kept(&mut (0..xs.num_dims())) == kept(&mut order.iter().copied()) {
+        let shape: Vec<usize> = order.iter().map(|&i| xs[i]).collect();
+        return K::reshape(x, Shape::from(shape));
+    }
+    K::permute(x, order)
+}
+
+/// No communication: each index of `axis` keeps its chunk of tensor dim `dim` (whose size the
+/// axis size divides): a reshape and a permute, both views on CPU backends.
+pub fn local_chunk<B: Backend, K: Kind<B>>(x: K::P, topo: &MeshTopology, axis: usize, dim: usize) -> K::P {
+    let k = topo.ndim();
+    let m = topo.axis_size(axis);
+    let xs = x.shape().to_vec();
+    debug_assert_eq!(xs[axis], 1, "local chunk along an axis already in use");
+    let p = k + dim;
+    let n = xs[p];
+    // Drop the axis' size-1 dim, split `dim` into (m, n / m); the m sits at p - 1.
+    let mut split: Vec<usize> = xs[..axis].iter().chain(&xs[axis + 1..p]).copied().collect();
+    split.extend([m, n / m]);
+    split.extend(&xs[p + 1..]);
+    let mut order: Vec<usize> = (0..split.len()).filter(|&i| i != p - 1).collect();
+    order.insert(axis, p - 1);
+    permute::<B, K>(K::reshape(x, Shape::from(split)), &order)
+}
+
+/// All-to-all along `axis`, from sharding tensor dim `from` to sharding `to`.
+pub fn all_to_all<B: Backend, K: Kind<B>>(x: K::P, topo: &MeshTopology, axis: usize, from: usize, to: usize, global: &[usize]) -> K::P {
+    let k = topo.ndim();
+    let m = topo.axis_size(axis) as u64;
+    comm::record(CollectiveKind::AllToAll, topo.axis_name(axis), topo.size() as u64 * (shard_bytes(&x, k) * (m - 1) / m), global);
+    let whole = gather_dims::<B, K>(x, k, axis, from);
+    local_chunk::<B, K>(whole, topo, axis, to)
+}
+
+/// A replicated value made partial along `axis` (no communication): for a sum, index 0 keeps the
+/// value and the others hold zeros; for max and min every index keeps it.
+pub fn make_partial<B: Backend, K: Kind<B>>(x: K::P, topo: &MeshTopology, axis: usize, op: ReduceOp) -> K::P {
+    let m = topo.axis_size(axis);
+    let parts = match op {
+        ReduceOp::Sum => {
+            let xs = x.shape().to_vec();
+            let zeros = K::zeros(Shape::from(with(&xs, axis, m - 1)), &K::device(&x), x.dtype());
+            vec![x, zeros]
+        }
+        ReduceOp::Max | ReduceOp::Min => vec![x; m],
+    };
+    K::cat(parts, axis)
+}

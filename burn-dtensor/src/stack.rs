@@ -1,0 +1,243 @@
+//! Stacked execution: on a virtual mesh (every position is the same inner device), the shards
+//! of a tensor are held as **one** inner primitive with one leading dim per mesh axis, and an op
+//! runs as **one** inner op on it instead of one per shard.
+//!
+//! The stacked primitive of a tensor of global shape `[n_0, .., n_{r-1}]` under a layout on a
+//! mesh of axes `(m_0, .., m_{k-1})` has shape [`stack_shape`]: `[s_0, .., s_{k-1}, l_0, ..,
+//! l_{r-1}]`, where `s_a = m_a` when the layout uses axis `a` (shards a dim with it or has a
+//! pending reduction on it) and 1 otherwise, and `l_d` is the per-shard size of dim `d`. The
+//! shard of the device at mesh coordinates `c` is the sub-tensor at `[c_a or 0 per axis]`: the
+//! same values, one shard per index of the leading dims, as the per-device form
+//! ([`DTensor`]'s docs). Nothing is computed on the global tensor: per-shard ops keep their
+//! per-shard semantics (an element-wise op on the stack is that op on every shard; a matmul
+//! broadcasts over the leading dims; a sum over a sharded dim leaves one partial sum per index of
+//! the axis), and the collectives the layouts imply run on the stack
+//! ([`crate::collective::stacked`]): an all-reduce is a reduction over the axis' leading dim, an
+//! all-gather moves the axis' leading dim next to the tensor dim and merges them.
+//!
+//! This is what `jax.vmap` over a device axis, or an SPMD program batched over its replicas,
+//! would do. It replaces 8 small inner ops by one on an 8-device virtual mesh: on a CPU, where
+//! the virtual devices share the cores anyway, the per-op cost of the inner backend (allocation,
+//! dispatch, iterator setup) is what dominated the per-shard path at the IMDB job's sizes.
+//!
+//! Stacked form applies when the mesh allows it ([`crate::MeshTopology::is_stacked`]: virtual,
+//! not switched off) and the layout splits every sharded dim evenly with no empty dim; other
+//! tensors stay per device, and an op whose operands are not all stackable (or whose rule has
+//! no stacked form, e.g. ops with 1-D index operands) converts them with [`to_per_device`].
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Shape, Slice, TensorMetadata};
+
+use crate::layout::Layout;
+use crate::shard;
+use crate::tensor::{DTensor, Kind};
+
+/// Where an op's inner closure runs: on the shard of one mesh device (its flat index), or once
+/// on the stacked primitive whose first `k` dims are the mesh axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum At {
+    /// The shard of mesh device `i` (row-major).
+    Device(usize),
+    /// The stacked primitive of a mesh of `k` axes.
+    Stacked(usize),
+}
+
+impl At {
+    /// What to add to a tensor dim to address the inner primitive: 0 per device, `k` stacked.
+    pub fn off(self) -> usize {
+        match self {
+            At::Device(_) => 0,
+            At::Stacked(k) => k,
+        }
+    }
+    /// The inner primitive's shape for a tensor of global `shape` under `layout`: the per-shard
+    /// shape of the device, or the [`stack_shape`].
+    pub fn shape(self, layout: &Layout, shape: &[usize]) -> Vec<usize> {
+        match self {
+            At::Device(i) => shard::local_shape(layout, shape, i),
+            At::Stacked(_) => stack_shape(layout, shape),
+        }
+    }
+    /// Per-shard slices, with a full slice over each leading mesh dim when stacked.
+    pub fn slices(self, local: &[Slice]) -> Vec<Slice> {
+        let mut s = vec![Slice::full(); self.off()];
+        s.extend_from_slice(local);
+        s
+    }
+    /// A per-shard permutation of the tensor dims, leaving the leading mesh dims in place.
+    pub fn axes(self, axes: &[usize]) -> Vec<usize> {
+        let k = self.off();
+        (0..k).chain(axes.iter().map(|&a| a + k)).collect()
+    }
+}
+
+/// Whether the layout uses mesh axis `a`: shards a dim with it or has a pending reduction on it.
+pub fn uses_axis(layout: &Layout, a: usize) -> bool {
+    layout.partial[a].is_some() || layout.dims.contains(&Some(a))
+}
+
+/// The stacked primitive's shape (see the module docs): per mesh axis its size where the layout
+/// uses it, else 1; then the per-shard shape (the layout must split its sharded dims evenly).
+pub fn stack_shape(layout: &Layout, shape: &[usize]) -> Vec<usize> {
+    let topo = &layout.mesh;
+    let mut out: Vec<usize> = (0..topo.ndim()).map(|a| if uses_axis(layout, a) { topo.axis_size(a) } else { 1 }).collect();
+    out.extend(layout.dims.iter().zip(shape).map(|(s, &n)| s.map_or(n, |a| n / topo.axis_size(a))));
+    out
+}
+
+/// The highest rank of a stacked primitive (mesh axes + tensor rank): NdArray's limit.
+pub const MAX_STACKED_RANK: usize = 6;
+
+/// Whether a tensor of global `shape` under `layout` may be held stacked: the mesh runs stacked,
+/// the stacked rank is at most [`MAX_STACKED_RANK`], every sharded dim splits evenly, no dim is
+/// empty and no axis both shards a dim and has a pending reduction.
+pub fn stackable(layout: &Layout, shape: &[usize]) -> bool {
+    layout.mesh.stacked
+        && layout.mesh.ndim() + shape.len() <= MAX_STACKED_RANK
+        && shape.iter().all(|&n| n > 0)
+        && shard::is_even(layout, shape)
+        && layout.partial.iter().enumerate().all(|(a, p)| p.is_none() || !layout.dims.contains(&Some(a)))
+}
+
+/// The flat index of the device whose shard represents device `i`'s: same coordinates on the
+/// axes the layout uses, 0 on the others.
+fn representative(layout: &Layout, i: usize) -> usize {
+    let topo = &layout.mesh;
+    (0..topo.ndim()).filter(|&a| !uses_axis(layout, a)).fold(i, |i, a| i - topo.coord(i, a) * topo.strides[a])
+}
+
+/// Puts a per-device tensor in stacked form (a no-op when it already is): the representative
+/// shards (one per index of the used axes, row-major) are concatenated along a new leading dim,
+/// one inner `cat` (a single reshape when the tensor is replicated).
+///
+/// The caller checks [`stackable`].
+pub fn to_stacked<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> {
+    if t.stacked {
+        return t;
+    }
+    debug_assert!(stackable(&t.layout, &t.shape), "stacking {} of shape {:?}", t.layout, t.shape);
+    let target = stack_shape(&t.layout, &t.shape);
+    let DTensor { shape, layout, shards, reduced, .. } = t;
+    let reps: Vec<K::P> = shards.into_iter().enumerate().filter(|(i, _)| representative(&layout, *i) == *i).map(|(_, p)| p).collect();
+    let stack = if reps.len() == 1 {
+        K::reshape(reps.into_iter().next().expect("one shard"), target.into())
+    } else {
+        let parts = reps
+            .into_iter()
+            .map(|p| {
+                let mut s = vec![1];
+                s.extend(p.shape().iter());
+                K::reshape(p, s.into())
+            })
+            .collect();
+        K::reshape(K::cat(parts, 0), target.into())
+    };
+    // The same logical tensor: it shares the memoised reduction of a partial value.
+    DTensor { reduced, ..DTensor::from_stacked(shape, layout, stack) }
+}
+
+/// Puts a stacked tensor in per-device form (a no-op when it already is): one slice of the
+/// stack per representative device (a view on CPU backends), shared by its replicas.
+pub fn to_per_device<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> {
+    if !t.stacked {
+        return t;
+    }
+    let DTensor { shape, layout, mut shards, reduced, .. } = t;
+    let stack = shards.pop().expect("a stacked primitive");
+    let topo = layout.mesh.clone();
+    let k = topo.ndim();
+    let n = topo.size();
+    let mut out: Vec<K::P> = Vec::with_capacity(n);
+    for i in 0..n {
+        let rep = representative(&layout, i);
+        if rep != i {
+            let p = out[rep].clone();
+            out.push(p);
+            continue;
+        }
+        let local = shard::local_shape(&layout, &shape, i);
+        let sliced = if (0..k).any(|a| uses_axis(&layout, a)) {
+            let mut slices: Vec<Slice> = (0..k)
+                .map(|a| {
+                    let c = if uses_axis(&layout, a) { topo.coord(i, a) } else { 0 };
+                    Slice::new(c as isize, Some(c as isize + 1), 1)
+                })
+                .collect();
+            slices.extend(std::iter::repeat_n(Slice::full(), local.len()));
+            K::slice(stack.clone(), &slices)
+        } else {
+            stack.clone()
+        };
+        out.push(K::reshape(sliced, Shape::from(local)));
+    }
+    DTensor { reduced, ..DTensor::from_parts(shape, layout, out) }
+}
+
+/// A stacked op's result as a tensor of global `shape` under `layout`.
+///
+/// # Panics
+/// When the inner op did not produce the [`stack_shape`] (a sharding rule without a stacked
+/// form routed here: an internal bug, reported rather than returned as wrong numbers).
+pub fn output<P: TensorMetadata>(shape: Vec<usize>, layout: Layout, stack: P) -> DTensor<P> {
+    let expected = stack_shape(&layout, &shape);
+    let got = stack.shape();
+    assert!(
+        got.iter().eq(expected.iter()),
+        "burn-dtensor: stacked op produced {:?}, expected {expected:?} for global {shape:?} under {layout} (please report)",
+        got.to_vec()
+    );
+    DTensor::from_stacked(shape, layout, stack)
+}
+
+/// A matmul of stacked operands `[s.., m, k] @ [t.., k, n]` (`ks` leading mesh dims, tensor
+/// rank 2). When the rhs uses no mesh axis (`t` all ones: a data-parallel forward, a weight
+/// replicated over the batch axes), the per-shard products are row blocks of **one** product:
+/// the lhs' mesh dims fold into its rows, so the inner backend runs a single `[S*m, k] @ [k, n]`
+/// GEMM, as the single-device step does, instead of a batch of `S` small ones; both reshapes are
+/// views of contiguous buffers. Otherwise it is the inner batched matmul `f`, which broadcasts
+/// the mesh dims (folding a rhs' mesh dims into its columns would need strided copies, which
+/// cost more than they save on CPU backends: measured on Flex).
+pub fn matmul<B: Backend, K: Kind<B>>(x: K::P, y: K::P, ks: usize, f: impl Fn(K::P, K::P) -> K::P) -> K::P {
+    let (xs, ys) = (x.shape().to_vec(), y.shape().to_vec());
+    if xs.len() != ks + 2 || ys[..ks].iter().any(|&t| t > 1) || xs[..ks].iter().all(|&s| s == 1) {
+        return f(x, y);
+    }
+    let (m, kk, n) = (xs[ks], xs[ks + 1], ys[ks + 1]);
+    let rows: usize = xs[..ks + 1].iter().product();
+    let out = f(K::reshape(x, Shape::from(vec![rows, kk])), K::reshape(y, Shape::from(vec![kk, n])));
+    let mut target = xs[..ks].to_vec();
+    target.extend([m, n]);
+    K::reshape(out, Shape::from(target))
+}
+
+/// The shapes of element-wise operands (equal ranks, broadcasting) with adjacent dims merged
+/// where every operand holds them alike (all whole or all broadcast), and dims of output size 1
+/// dropped; `None` when nothing merges. Stacked operands add leading mesh dims that a data
+/// layout typically holds whole (`[8, 8, 48] + [1, 1, 48]`): merged, the inner op sees the
+/// single-device shapes (`[64, 48] + [1, 48]`) and takes the backend's fast low-rank path
+/// (Flex's broadcasting iterator above rank 2 cost 15% of a data-parallel step).
+pub fn coalesce(shapes: &[&[usize]]) -> Option<Vec<Vec<usize>>> {
+    let rank = shapes[0].len();
+    let out: Vec<usize> = (0..rank).map(|d| shapes.iter().map(|s| s[d]).max().unwrap_or(1)).collect();
+    let dims: Vec<usize> = (0..rank).filter(|&d| out[d] != 1).collect();
+    let whole = |s: &[usize], d: usize| s[d] == out[d];
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for &d in &dims {
+        match groups.last_mut() {
+            Some(g) if shapes.iter().all(|s| whole(s, g[0]) == whole(s, d)) => g.push(d),
+            _ => groups.push(vec![d]),
+        }
+    }
+    if groups.len() == rank {
+        return None;
+    }
+    if groups.is_empty() {
+        return Some(shapes.iter().map(|_| vec![1]).collect());
+    }
+    Some(shapes.iter().map(|s| groups.iter().map(|g| g.iter().map(|&d| s[d]).product()).collect()).collect())
+}
+
+/// The broadcast shape of equal-rank operands.
+pub fn broadcast(shapes: &[&[usize]]) -> Vec<usize> {
+    (0..shapes[0].len()).map(|d| shapes.iter().map(|s| s[d]).max().unwrap_or(1)).collect()
+}
