@@ -111,6 +111,8 @@ pub trait Kind<B: Backend>: 'static {
     fn reshape(t: Self::P, shape: Shape) -> Self::P;
     /// Permutation of the dims.
     fn permute(t: Self::P, axes: &[usize]) -> Self::P;
+    /// Repetition along `dim` (a materialised copy).
+    fn repeat_dim(t: Self::P, dim: usize, times: usize) -> Self::P;
     /// `op`-reduction along `dim`, kept as size 1 (bool: sum and max are `any`, min is `all`).
     fn reduce_dim(t: Self::P, dim: usize, op: ReduceOp) -> Self::P;
 }
@@ -152,6 +154,7 @@ macro_rules! kind_io {
         fn into_data(t: Self::P) -> TensorData { burn::tensor::read_sync(B::float_into_data(t)).expect("reading a float shard") }
         fn reshape(t: Self::P, s: Shape) -> Self::P { B::float_reshape(t, s) }
         fn permute(t: Self::P, axes: &[usize]) -> Self::P { B::float_permute(t, axes) }
+        fn repeat_dim(t: Self::P, dim: usize, times: usize) -> Self::P { B::float_repeat_dim(t, dim, times) }
     };
     (int) => {
         fn cat(parts: Vec<Self::P>, dim: usize) -> Self::P { cat_nonempty(parts, dim, B::int_cat, B::int_reshape) }
@@ -162,6 +165,7 @@ macro_rules! kind_io {
         fn into_data(t: Self::P) -> TensorData { burn::tensor::read_sync(B::int_into_data(t)).expect("reading an int shard") }
         fn reshape(t: Self::P, s: Shape) -> Self::P { B::int_reshape(t, s) }
         fn permute(t: Self::P, axes: &[usize]) -> Self::P { B::int_permute(t, axes) }
+        fn repeat_dim(t: Self::P, dim: usize, times: usize) -> Self::P { B::int_repeat_dim(t, dim, times) }
     };
     (bool) => {
         fn cat(parts: Vec<Self::P>, dim: usize) -> Self::P { cat_nonempty(parts, dim, B::bool_cat, B::bool_reshape) }
@@ -172,6 +176,7 @@ macro_rules! kind_io {
         fn into_data(t: Self::P) -> TensorData { burn::tensor::read_sync(B::bool_into_data(t)).expect("reading a bool shard") }
         fn reshape(t: Self::P, s: Shape) -> Self::P { B::bool_reshape(t, s) }
         fn permute(t: Self::P, axes: &[usize]) -> Self::P { B::bool_permute(t, axes) }
+        fn repeat_dim(t: Self::P, dim: usize, times: usize) -> Self::P { B::bool_repeat_dim(t, dim, times) }
     };
 }
 

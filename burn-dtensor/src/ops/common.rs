@@ -55,14 +55,14 @@ pub fn binary<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(a: DTensor<K1::
     let out = broadcast_shape(&[&a.shape, &b.shape]);
     let s = nary(&[(&a.layout, &a.shape), (&b.layout, &b.shape)], &out, lin);
     run2::<B, K1, K2, KO>(a, b, &s, out, true, |at, x, y| {
-        let (xs, ys) = (x.shape(), y.shape());
-        match stack::coalesce(&[&xs, &ys]) {
-            Some(m) if matches!(at, At::Stacked(_)) => {
-                let shape = stack::broadcast(&[&xs, &ys]);
-                KO::reshape(f(K1::reshape(x, m[0].clone().into()), K2::reshape(y, m[1].clone().into())), shape.into())
-            }
-            _ => f(x, y),
+        if !matches!(at, At::Stacked(_)) {
+            return f(x, y);
         }
+        let (xs, ys) = (x.shape(), y.shape());
+        let shape = stack::broadcast(&[&xs, &ys]);
+        let (m, o, dense) = stack::elementwise_plan::<B>(&[&xs, &ys]);
+        let r = f(stack::prepare::<B, K1>(x, &m[0], &o, dense[0]), stack::prepare::<B, K2>(y, &m[1], &o, dense[1]));
+        if r.shape().iter().eq(shape.iter()) { r } else { KO::reshape(r, shape.into()) }
     })
 }
 
@@ -88,15 +88,14 @@ pub fn mask_where<B: Backend, K: Kind<B>, KM: Kind<B>>(t: DTensor<K::P>, mask: D
     let out = broadcast_shape(&[&t.shape, &mask.shape, &value.shape]);
     let s = nary(&[(&t.layout, &t.shape), (&mask.layout, &mask.shape), (&value.layout, &value.shape)], &out, Linearity::None);
     run3::<B, K, KM, K, K>(t, mask, value, &s, out, true, |at, x, m, v| {
-        let (xs, ms, vs) = (x.shape(), m.shape(), v.shape());
-        match stack::coalesce(&[&xs, &ms, &vs]) {
-            Some(c) if matches!(at, At::Stacked(_)) => {
-                let shape = stack::broadcast(&[&xs, &ms, &vs]);
-                let r = f(K::reshape(x, c[0].clone().into()), KM::reshape(m, c[1].clone().into()), K::reshape(v, c[2].clone().into()));
-                K::reshape(r, shape.into())
-            }
-            _ => f(x, m, v),
+        if !matches!(at, At::Stacked(_)) {
+            return f(x, m, v);
         }
+        let (xs, ms, vs) = (x.shape(), m.shape(), v.shape());
+        let shape = stack::broadcast(&[&xs, &ms, &vs]);
+        let (c, o, dense) = stack::elementwise_plan::<B>(&[&xs, &ms, &vs]);
+        let r = f(stack::prepare::<B, K>(x, &c[0], &o, dense[0]), stack::prepare::<B, KM>(m, &c[1], &o, dense[1]), stack::prepare::<B, K>(v, &c[2], &o, dense[2]));
+        if r.shape().iter().eq(shape.iter()) { r } else { K::reshape(r, shape.into()) }
     })
 }
 
