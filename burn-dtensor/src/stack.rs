@@ -85,6 +85,11 @@ pub fn stack_shape(layout: &Layout, shape: &[usize]) -> Vec<usize> {
     out
 }
 
+/// Elements of one shard of a tensor of global `shape` under `layout` (even split).
+pub fn shard_elements(layout: &Layout, shape: &[usize]) -> usize {
+    layout.dims.iter().zip(shape).map(|(d, &n)| d.map_or(n, |a| n / layout.mesh.axis_size(a))).product()
+}
+
 /// The highest rank of a stacked primitive (mesh axes + tensor rank): NdArray's limit.
 pub const MAX_STACKED_RANK: usize = 6;
 
@@ -190,24 +195,38 @@ pub fn output<P: TensorMetadata>(shape: Vec<usize>, layout: Layout, stack: P) ->
 }
 
 /// A matmul of stacked operands `[s.., m, k] @ [t.., k, n]` (`ks` leading mesh dims, tensor
-/// rank 2). When the rhs uses no mesh axis (`t` all ones: a data-parallel forward, a weight
-/// replicated over the batch axes), the per-shard products are row blocks of **one** product:
-/// the lhs' mesh dims fold into its rows, so the inner backend runs a single `[S*m, k] @ [k, n]`
-/// GEMM, as the single-device step does, instead of a batch of `S` small ones; both reshapes are
-/// views of contiguous buffers. Otherwise it is the inner batched matmul `f`, which broadcasts
-/// the mesh dims (folding a rhs' mesh dims into its columns would need strided copies, which
-/// cost more than they save on CPU backends: measured on Flex).
+/// rank 2). The mesh axes that only the lhs uses (a batch axis: `s_a > 1 = t_a`) index row
+/// blocks of one product with the same rhs, so they fold into the lhs' rows: a data-parallel
+/// forward (`t` all ones) becomes a single `[S*m, k] @ [k, n]` GEMM, as on one device, instead
+/// of `S` small ones, and a model-parallel one (batch axis on the lhs, model axis on the rhs)
+/// one GEMM per rhs shard instead of one per (batch, model) pair, each packing its rhs once.
+/// The fold is a free reshape when those axes come after the axes both operands use (always
+/// the case in the IMDB layouts); the result is unfolded back, with a permuted view when the
+/// rhs uses axes of its own (not on backends that [`prefer_dense`], where strided operands are
+/// slow). Otherwise, and for axes both use (one partial product per shard: a weight gradient
+/// over a sharded batch), it is the inner batched matmul `f`, which broadcasts the mesh dims.
 pub fn matmul<B: Backend, K: Kind<B>>(x: K::P, y: K::P, ks: usize, f: impl Fn(K::P, K::P) -> K::P) -> K::P {
     let (xs, ys) = (x.shape().to_vec(), y.shape().to_vec());
-    if xs.len() != ks + 2 || ys[..ks].iter().any(|&t| t > 1) || xs[..ks].iter().all(|&s| s == 1) {
+    if xs.len() != ks + 2 {
+        return f(x, y);
+    }
+    let lhs_only: Vec<usize> = (0..ks).filter(|&a| xs[a] > 1 && ys[a] == 1).collect();
+    let both_last = (0..ks).filter(|&a| xs[a] > 1 && ys[a] > 1).max();
+    let rhs_own = (0..ks).any(|a| xs[a] == 1 && ys[a] > 1);
+    if lhs_only.is_empty() || both_last.is_some_and(|b| b > lhs_only[0]) || (rhs_own && prefer_dense::<B>()) {
         return f(x, y);
     }
     let (m, kk, n) = (xs[ks], xs[ks + 1], ys[ks + 1]);
-    let rows: usize = xs[..ks + 1].iter().product();
-    let out = f(K::reshape(x, Shape::from(vec![rows, kk])), K::reshape(y, Shape::from(vec![kk, n])));
-    let mut target = xs[..ks].to_vec();
-    target.extend([m, n]);
-    K::reshape(out, Shape::from(target))
+    let rest: Vec<usize> = (0..ks).filter(|a| !lhs_only.contains(a)).collect();
+    let folded: usize = lhs_only.iter().map(|&a| xs[a]).product();
+    let lhs_shape: Vec<usize> = rest.iter().map(|&a| xs[a]).chain([folded * m, kk]).collect();
+    let rhs_shape: Vec<usize> = rest.iter().map(|&a| ys[a]).chain([kk, n]).collect();
+    let out = f(K::reshape(x, Shape::from(lhs_shape)), K::reshape(y, Shape::from(rhs_shape)));
+    // [rest.., L*m, n] -> [rest.., L.., m, n] -> mesh order.
+    let split: Vec<usize> = rest.iter().map(|&a| xs[a].max(ys[a])).chain(lhs_only.iter().map(|&a| xs[a])).chain([m, n]).collect();
+    let listed: Vec<usize> = rest.iter().chain(&lhs_only).copied().collect();
+    let order: Vec<usize> = (0..ks).map(|a| listed.iter().position(|&b| b == a).expect("every axis listed")).chain([ks, ks + 1]).collect();
+    crate::collective::stacked::permute::<B, K>(K::reshape(out, Shape::from(split)), &order)
 }
 
 /// The shapes of element-wise operands (equal ranks, broadcasting) with adjacent dims merged

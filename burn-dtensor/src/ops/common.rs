@@ -376,7 +376,7 @@ pub fn distribute<B: Backend, K: Kind<B>>(data: TensorData, mesh: &Mesh<B::Devic
         return Err(crate::DTensorError::MeshMismatch { from: layout.mesh.to_string(), to: mesh.to_string() });
     }
     let settled = layout.without_partial();
-    if stack::stackable(&settled, &shape) {
+    if stack::stackable(&settled, &shape) && (!dispatch::threads_for::<B>() || stack::shard_elements(&settled, &shape) < dispatch::par_min()) {
         // Stacked: one upload of the whole buffer, each sharded dim split into its chunks along
         // the axis' leading dim (views, no copy on CPU backends).
         let topo = &settled.mesh;

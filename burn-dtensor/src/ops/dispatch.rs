@@ -121,16 +121,20 @@ fn work<P: burn::tensor::TensorMetadata>(shards: &[P]) -> usize {
     shards.first().map_or(0, |s| s.shape().num_elements())
 }
 
-/// Whether an op runs stacked: its closure has a stacked form (`stack`) and every operand (global
-/// shape, layout the rule asks for) and the output can be held stacked (see [`crate::stack`]).
-fn stacks(stack: bool, out: (&Layout, &[usize]), inputs: &[(&Layout, &[usize])]) -> bool {
-    stack && stack::stackable(out.0, out.1) && inputs.iter().all(|(l, s)| stack::stackable(l, s))
+/// Whether an op runs stacked: its closure has a stacked form (`stack`), every operand (global
+/// shape, layout the rule asks for) and the output can be held stacked (see [`crate::stack`]),
+/// and, on CPU backends, every shard is below [`par_min`] elements. Above it, shards run per
+/// device on worker threads: one stacked op runs on one thread, and on the 20000 -> 4096 MLP
+/// that made the data-parallel step 3.84 s against 2.20 s threaded per device (NOTES.md).
+fn stacks<B>(stack: bool, out: (&Layout, &[usize]), inputs: &[(&Layout, &[usize])]) -> bool {
+    let small = |(l, s): (&Layout, &[usize])| !threads_for::<B>() || stack::shard_elements(l, s) < par_min();
+    stack && stack::stackable(out.0, out.1) && small(out) && inputs.iter().all(|&(l, s)| stack::stackable(l, s) && small((l, s)))
 }
 
 /// One input. `f` receives where it runs ([`At`]); `stack` says whether it is correct on a
 /// stacked primitive (dims offset by [`At::off`], shapes from [`At::shape`]).
 pub fn run1<B: Backend, K1: Kind<B>, KO: Kind<B>>(t: DTensor<K1::P>, s: &Strategy, shape: Vec<usize>, stack: bool, f: impl Fn(At, K1::P) -> KO::P + Sync) -> DTensor<KO::P> {
-    if stacks(stack, (&s.output, &shape), &[(&s.inputs[0], &t.shape)]) {
+    if stacks::<B>(stack, (&s.output, &shape), &[(&s.inputs[0], &t.shape)]) {
         let x = execute_stacked::<B, K1>(t, &s.inputs[0]);
         return stack::output(shape, s.output.clone(), f(At::Stacked(s.output.mesh.ndim()), x));
     }
@@ -164,7 +168,7 @@ pub fn run2_weighted<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
     weigh: impl Fn(&[K1::P], &[K2::P]) -> usize,
     f: impl Fn(At, K1::P, K2::P) -> KO::P + Sync,
 ) -> DTensor<KO::P> {
-    if stacks(stack, (&s.output, &shape), &[(&s.inputs[0], &a.shape), (&s.inputs[1], &b.shape)]) {
+    if stacks::<B>(stack, (&s.output, &shape), &[(&s.inputs[0], &a.shape), (&s.inputs[1], &b.shape)]) {
         let x = execute_stacked::<B, K1>(a, &s.inputs[0]);
         let y = execute_stacked::<B, K2>(b, &s.inputs[1]);
         return stack::output(shape, s.output.clone(), f(At::Stacked(s.output.mesh.ndim()), x, y));
@@ -188,7 +192,7 @@ pub fn run3<B: Backend, K1: Kind<B>, K2: Kind<B>, K3: Kind<B>, KO: Kind<B>>(
     stack: bool,
     f: impl Fn(At, K1::P, K2::P, K3::P) -> KO::P + Sync,
 ) -> DTensor<KO::P> {
-    if stacks(stack, (&s.output, &shape), &[(&s.inputs[0], &a.shape), (&s.inputs[1], &b.shape), (&s.inputs[2], &c.shape)]) {
+    if stacks::<B>(stack, (&s.output, &shape), &[(&s.inputs[0], &a.shape), (&s.inputs[1], &b.shape), (&s.inputs[2], &c.shape)]) {
         let x = execute_stacked::<B, K1>(a, &s.inputs[0]);
         let y = execute_stacked::<B, K2>(b, &s.inputs[1]);
         let z = execute_stacked::<B, K3>(c, &s.inputs[2]);
@@ -206,7 +210,7 @@ pub fn run3<B: Backend, K1: Kind<B>, K2: Kind<B>, K3: Kind<B>, KO: Kind<B>>(
 /// Any number of inputs of one kind (cat; see [`run1`]).
 pub fn run_n<B: Backend, K: Kind<B>, KO: Kind<B>>(ts: Vec<DTensor<K::P>>, s: &Strategy, shape: Vec<usize>, stack: bool, f: impl Fn(At, Vec<K::P>) -> KO::P + Sync) -> DTensor<KO::P> {
     let operands: Vec<(&Layout, &[usize])> = s.inputs.iter().zip(&ts).map(|(l, t)| (l, &t.shape[..])).collect();
-    if stacks(stack, (&s.output, &shape), &operands) {
+    if stacks::<B>(stack, (&s.output, &shape), &operands) {
         let xs = ts.into_iter().zip(&s.inputs).map(|(t, l)| execute_stacked::<B, K>(t, l)).collect();
         return stack::output(shape, s.output.clone(), f(At::Stacked(s.output.mesh.ndim()), xs));
     }
