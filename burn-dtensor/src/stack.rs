@@ -29,6 +29,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Shape, Slice, TensorMetadata};
 
 use crate::layout::Layout;
+use crate::rules::pointwise::broadcast_shape;
 use crate::shard;
 use crate::tensor::{DTensor, Kind};
 
@@ -237,7 +238,7 @@ pub fn matmul<B: Backend, K: Kind<B>>(x: K::P, y: K::P, ks: usize, f: impl Fn(K:
 /// (Flex's broadcasting iterator above rank 2 cost 15% of a data-parallel step).
 pub fn coalesce(shapes: &[&[usize]]) -> Option<Vec<Vec<usize>>> {
     let rank = shapes[0].len();
-    let out: Vec<usize> = (0..rank).map(|d| shapes.iter().map(|s| s[d]).max().unwrap_or(1)).collect();
+    let out = broadcast_shape(shapes);
     let dims: Vec<usize> = (0..rank).filter(|&d| out[d] != 1).collect();
     let whole = |s: &[usize], d: usize| s[d] == out[d];
     let mut groups: Vec<Vec<usize>> = Vec::new();
@@ -256,11 +257,6 @@ pub fn coalesce(shapes: &[&[usize]]) -> Option<Vec<Vec<usize>>> {
     Some(shapes.iter().map(|s| groups.iter().map(|g| g.iter().map(|&d| s[d]).product()).collect()).collect())
 }
 
-/// The broadcast shape of equal-rank operands.
-pub fn broadcast(shapes: &[&[usize]]) -> Vec<usize> {
-    (0..shapes[0].len()).map(|d| shapes.iter().map(|s| s[d]).max().unwrap_or(1)).collect()
-}
-
 /// Element-wise operands in stacked form, reshaped for the inner op: adjacent dims merged
 /// ([`coalesce`]), and, on backends that [`prefer_dense`], when the merged rank is still above
 /// 2, operands that broadcast materialised to the full shape (one `repeat_dim` per broadcast
@@ -269,7 +265,7 @@ pub fn broadcast(shapes: &[&[usize]]) -> Vec<usize> {
 pub fn elementwise_plan<B>(shapes: &[&[usize]]) -> (Vec<Vec<usize>>, Vec<usize>, Vec<bool>) {
     let merged = coalesce(shapes).unwrap_or_else(|| shapes.iter().map(|s| s.to_vec()).collect());
     let refs: Vec<&[usize]> = merged.iter().map(|s| &s[..]).collect();
-    let out = broadcast(&refs);
+    let out = broadcast_shape(&refs);
     let dense = merged.iter().map(|s| out.len() > 2 && prefer_dense::<B>() && s.iter().zip(&out).any(|(&a, &b)| a != b)).collect();
     (merged, out, dense)
 }

@@ -59,7 +59,7 @@ pub fn binary<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(a: DTensor<K1::
             return f(x, y);
         }
         let (xs, ys) = (x.shape(), y.shape());
-        let shape = stack::broadcast(&[&xs, &ys]);
+        let shape = broadcast_shape(&[&xs, &ys]);
         let (m, o, dense) = stack::elementwise_plan::<B>(&[&xs, &ys]);
         let r = f(stack::prepare::<B, K1>(x, &m[0], &o, dense[0]), stack::prepare::<B, K2>(y, &m[1], &o, dense[1]));
         if r.shape().iter().eq(shape.iter()) { r } else { KO::reshape(r, shape.into()) }
@@ -92,7 +92,7 @@ pub fn mask_where<B: Backend, K: Kind<B>, KM: Kind<B>>(t: DTensor<K::P>, mask: D
             return f(x, m, v);
         }
         let (xs, ms, vs) = (x.shape(), m.shape(), v.shape());
-        let shape = stack::broadcast(&[&xs, &ms, &vs]);
+        let shape = broadcast_shape(&[&xs, &ms, &vs]);
         let (c, o, dense) = stack::elementwise_plan::<B>(&[&xs, &ms, &vs]);
         let r = f(stack::prepare::<B, K>(x, &c[0], &o, dense[0]), stack::prepare::<B, KM>(m, &c[1], &o, dense[1]), stack::prepare::<B, K>(v, &c[2], &o, dense[2]));
         if r.shape().iter().eq(shape.iter()) { r } else { K::reshape(r, shape.into()) }
@@ -174,7 +174,7 @@ pub fn matmul<B: Backend, K: Kind<B>>(lhs: DTensor<K::P>, rhs: DTensor<K::P>, f:
         let macs = xs.num_elements().saturating_mul(ys[r - 1]).max(ys.num_elements().saturating_mul(xs[r - 2]));
         (macs / dispatch::MATMUL_WORK_PER_ELEMENT).max(xs.num_elements()).max(ys.num_elements())
     };
-    // Stacked, the leading mesh dims are batch dims that the inner matmul broadcasts.
+    // Stacked: the leading mesh dims are batch dims, folded into rows where `stack::matmul` can.
     run2_weighted::<B, K, K, K>(lhs, rhs, &s, shape, true, weigh, |at, x, y| {
         let (xs, ys) = (x.shape(), y.shape());
         if xs.num_elements() > 0 && ys.num_elements() > 0 {
@@ -376,20 +376,14 @@ pub fn distribute<B: Backend, K: Kind<B>>(data: TensorData, mesh: &Mesh<B::Devic
         return Err(crate::DTensorError::MeshMismatch { from: layout.mesh.to_string(), to: mesh.to_string() });
     }
     let settled = layout.without_partial();
-    if stack::stackable(&settled, &shape) && (!dispatch::threads_for::<B>() || stack::shard_elements(&settled, &shape) < dispatch::par_min()) {
-        // Stacked: one upload of the whole buffer, each sharded dim split into its chunks along
-        // the axis' leading dim (views, no copy on CPU backends).
-        let topo = &settled.mesh;
-        let mut lead = vec![1; topo.ndim()];
+    if dispatch::holds_stacked::<B>(&settled, &shape) {
+        // Stacked: one upload of the whole buffer as a replicated stack, then the relayout to
+        // `layout` (local chunks along the axes' leading dims: views, no copy on CPU backends).
+        let mut lead = vec![1; settled.mesh.ndim()];
         lead.extend(&shape);
-        let mut x = K::reshape(K::from_data(data, &mesh.devices()[0]), lead.into());
-        for (d, a) in settled.dims.iter().enumerate() {
-            if let Some(a) = *a {
-                x = crate::collective::stacked::local_chunk::<B, K>(x, topo, a, d);
-            }
-        }
-        let t = stack::output(shape, settled, x);
-        return Ok(if layout.is_partial() { crate::redistribute::redistribute::<B, K>(t, layout)? } else { t });
+        let whole = K::reshape(K::from_data(data, &mesh.devices()[0]), lead.into());
+        let replicated = Layout::replicated_on(&settled.mesh, shape.len());
+        return crate::redistribute::redistribute::<B, K>(stack::output(shape, replicated, whole), layout);
     }
     let plan = super::dispatch::dedupe_plan(&[&settled], mesh.devices());
     let computed: Vec<usize> = (0..mesh.size()).filter(|&i| plan[i].is_none()).collect();

@@ -127,8 +127,13 @@ fn work<P: burn::tensor::TensorMetadata>(shards: &[P]) -> usize {
 /// device on worker threads: one stacked op runs on one thread, and on the 20000 -> 4096 MLP
 /// that made the data-parallel step 3.84 s against 2.20 s threaded per device (NOTES.md).
 fn stacks<B>(stack: bool, out: (&Layout, &[usize]), inputs: &[(&Layout, &[usize])]) -> bool {
-    let small = |(l, s): (&Layout, &[usize])| !threads_for::<B>() || stack::shard_elements(l, s) < par_min();
-    stack && stack::stackable(out.0, out.1) && small(out) && inputs.iter().all(|&(l, s)| stack::stackable(l, s) && small((l, s)))
+    stack && holds_stacked::<B>(out.0, out.1) && inputs.iter().all(|&(l, s)| holds_stacked::<B>(l, s))
+}
+
+/// Whether a tensor of global `shape` under `layout` is held stacked on inner backend `B`:
+/// [`stack::stackable`], and on CPU backends shards below [`par_min`] (see [`stacks`]).
+pub(crate) fn holds_stacked<B>(layout: &Layout, shape: &[usize]) -> bool {
+    stack::stackable(layout, shape) && (!threads_for::<B>() || stack::shard_elements(layout, shape) < par_min())
 }
 
 /// One input. `f` receives where it runs ([`At`]); `stack` says whether it is correct on a
