@@ -148,7 +148,7 @@ pub fn to_per_device<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> 
     if !t.stacked {
         return t;
     }
-    let DTensor { shape, layout, mut shards, reduced, .. } = t;
+    let DTensor { shape, layout, mut shards, reduced, .. } = t.materialized();
     let stack = shards.pop().expect("a stacked primitive");
     let topo = layout.mesh.clone();
     let k = topo.ndim();
@@ -228,6 +228,49 @@ pub fn matmul<B: Backend, K: Kind<B>>(x: K::P, y: K::P, ks: usize, f: impl Fn(K:
     let listed: Vec<usize> = rest.iter().chain(&lhs_only).copied().collect();
     let order: Vec<usize> = (0..ks).map(|a| listed.iter().position(|&b| b == a).expect("every axis listed")).chain([ks, ks + 1]).collect();
     crate::collective::stacked::permute::<B, K>(K::reshape(out, Shape::from(split)), &order)
+}
+
+/// The sum over mesh axes `axes` of the stacked matmul `[s.., b.., m, k] @ [t.., b.., k, n]`
+/// (`ks` leading mesh dims, both operands using every axis of `axes`): the all-reduced value of
+/// the per-shard partial products, as one matmul over the whole contracting dim. Each operand's
+/// `axes` dims move next to its contracting dim and merge with it (`[m, P, k] -> [m, P*k]`, `[P,
+/// k, n] -> [P*k, n]`, the same order on both sides), leaving size 1 on those mesh dims: the
+/// stacked primitive of the output layout without its pending reductions.
+pub fn contract<B: Backend, K: Kind<B>>(x: K::P, y: K::P, ks: usize, axes: &[usize], f: impl Fn(K::P, K::P) -> K::P) -> K::P {
+    let (xs, ys) = (x.shape().to_vec(), y.shape().to_vec());
+    let r = xs.len();
+    let p: usize = axes.iter().map(|&a| xs[a]).product();
+    debug_assert!(axes.iter().all(|&a| xs[a] == ys[a]), "contracting over {axes:?}: {xs:?} @ {ys:?}");
+    let others = (0..ks).filter(|a| !axes.contains(a));
+    let merged = |s: &[usize], at: usize| -> Vec<usize> {
+        let mut out: Vec<usize> = (0..r).map(|d| if axes.contains(&d) { 1 } else { s[d] }).collect();
+        out[at] *= p;
+        out
+    };
+    // lhs: [others.., b.., m, axes.., k]; rhs: [others.., b.., axes.., k, n].
+    let xo: Vec<usize> = others.clone().chain(ks..r - 1).chain(axes.iter().copied()).chain([r - 1]).collect();
+    let yo: Vec<usize> = others.chain(ks..r - 2).chain(axes.iter().copied()).chain([r - 2, r - 1]).collect();
+    let x = K::reshape(crate::collective::stacked::permute::<B, K>(x, &xo), Shape::from(merged(&xs, r - 1)));
+    let y = K::reshape(crate::collective::stacked::permute::<B, K>(y, &yo), Shape::from(merged(&ys, r - 2)));
+    // Folding lhs-only axes into rows would leave a permuted output when the rhs has axes of its
+    // own; the batched matmul gives it contiguous (it is a weight gradient the update reads).
+    if (0..ks).any(|a| x.shape()[a] == 1 && y.shape()[a] > 1) { f(x, y) } else { matmul::<B, K>(x, y, ks, f) }
+}
+
+/// Whether a stacked matmul with a contracting dim sharded over mesh axes is better settled by
+/// [`contract`] than by its per-shard partial products, on inner backend `B`: when those
+/// products (`partial` elements, the stacked output) outnumber the operands' elements, which
+/// `contract` may have to copy to merge the axes into the contracting dim (twice over on
+/// backends that [`prefer_dense`], whose strided copies walk a scalar iterator).
+///
+/// Measured on the IMDB step (NOTES.md): a data-parallel weight gradient (`8 x [1200, 48]`
+/// products from `[64, 1200]` and `[64, 48]`, ratio 5.8) contracts everywhere; the spatial one
+/// (`[2, 2, 2, 600, 24]` products from a `[64, 1200]` input, ratio 1.4) gains on NdArray (1.01
+/// -> 0.95 ms) and loses on Flex; a forward matmul with the features sharded (`[2, 2, 2, 32, 24]`
+/// products) keeps its partial products.
+pub fn contracts<B>(partial: usize, lhs: usize, rhs: usize) -> bool {
+    let factor = if prefer_dense::<B>() { 2 } else { 1 };
+    partial > factor * (lhs + rhs)
 }
 
 /// The shapes of element-wise operands (equal ranks, broadcasting) with adjacent dims merged

@@ -32,6 +32,41 @@ pub struct DTensor<P> {
     /// partial result (say a gradient used twice by Adam) trigger one all-reduce, not two.
     /// Allocated only for partial layouts (the others have nothing to memoise).
     pub(crate) reduced: Option<Arc<OnceLock<Box<DTensor<P>>>>>,
+    /// A stacked partial tensor whose shards are computed only when a consumer reads them (then
+    /// `shards` is empty): see [`Deferred`].
+    pub(crate) deferred: Option<Arc<Deferred<P>>>,
+}
+
+/// The shards of a stacked partial tensor, computed on first read, beside its reduced value,
+/// computed at once.
+///
+/// A matmul whose contracting dim is sharded over mesh axes on both operands (a data-parallel
+/// weight gradient `x^T @ g` with the batch sharded) gives one partial product per shard, and
+/// the all-reduce that settles them is their sum. On a stacked virtual mesh that sum is one
+/// matmul over the whole contracting dim (`[1200, 64] @ [64, 48]`, as on one device), far cheaper
+/// than 8 partial `[1200, 48]` products written out and summed. The tensor keeps its partial
+/// layout: the all-reduce still happens when a consumer needs the value, is recorded with the
+/// same bytes ([`crate::CommDebugMode`]), and just takes the reduced value; a consumer that reads
+/// the shards themselves (an additive op keeping them partial, a relayout that is not a full
+/// reduction, [`crate::to_local_shards`]) gets the per-shard products, computed then.
+pub struct Deferred<P> {
+    /// The reduced value: the stacked primitive of the layout without its pending reductions.
+    pub(crate) reduced: P,
+    stack: OnceLock<P>,
+    compute: Box<dyn Fn() -> P + Send + Sync>,
+}
+
+impl<P> Deferred<P> {
+    /// The stacked primitive of the partial layout (the per-shard values), computed once.
+    pub(crate) fn stack(&self) -> &P {
+        self.stack.get_or_init(|| (self.compute)())
+    }
+}
+
+impl<P> std::fmt::Debug for Deferred<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Deferred").field("computed", &self.stack.get().is_some()).finish()
+    }
 }
 
 impl<P> DTensor<P> {
@@ -40,13 +75,31 @@ impl<P> DTensor<P> {
         debug_assert_eq!(layout.rank(), shape.len(), "layout {layout} vs shape {shape:?}");
         debug_assert_eq!(layout.mesh.size(), shards.len());
         let reduced = layout.is_partial().then(Arc::default);
-        Self { shape, layout, shards, stacked: false, reduced }
+        Self { shape, layout, shards, stacked: false, reduced, deferred: None }
     }
     /// Builds a tensor in stacked form from its one stacked primitive (no check: internal).
     pub(crate) fn from_stacked(shape: Vec<usize>, layout: Layout, stack: P) -> Self {
         debug_assert_eq!(layout.rank(), shape.len(), "layout {layout} vs shape {shape:?}");
         let reduced = layout.is_partial().then(Arc::default);
-        Self { shape, layout, shards: vec![stack], stacked: true, reduced }
+        Self { shape, layout, shards: vec![stack], stacked: true, reduced, deferred: None }
+    }
+    /// A stacked partial tensor held by its reduced value (the stacked primitive of
+    /// `layout.without_partial()`), its shards computed by `compute` when first read (see
+    /// [`Deferred`]).
+    pub(crate) fn deferred(shape: Vec<usize>, layout: Layout, reduced: P, compute: impl Fn() -> P + Send + Sync + 'static) -> Self {
+        debug_assert!(layout.is_partial() && layout.mesh.stacked, "deferred shards are for stacked partial tensors");
+        let deferred = Some(Arc::new(Deferred { reduced, stack: OnceLock::new(), compute: Box::new(compute) }));
+        Self { shape, reduced: Some(Arc::default()), shards: Vec::new(), stacked: true, layout, deferred }
+    }
+    /// The tensor with its shards computed (a no-op unless they were deferred).
+    pub(crate) fn materialized(mut self) -> Self
+    where
+        P: Clone,
+    {
+        if let Some(d) = self.deferred.take() {
+            self.shards = vec![d.stack().clone()];
+        }
+        self
     }
     /// Whether the shards are held stacked (one primitive; see the type's docs).
     pub fn is_stacked(&self) -> bool {
@@ -63,11 +116,17 @@ impl<P> DTensor<P> {
     /// The per-device primitives (row-major over the mesh), or, when [`DTensor::is_stacked`], the
     /// one stacked primitive. [`crate::to_local_shards`] always gives per-device shards.
     pub fn shards(&self) -> &[P] {
-        &self.shards
+        match &self.deferred {
+            Some(d) => std::slice::from_ref(d.stack()),
+            None => &self.shards,
+        }
     }
     /// Consumes the tensor into its primitives (as [`DTensor::shards`]).
-    pub fn into_shards(self) -> Vec<P> {
-        self.shards
+    pub fn into_shards(self) -> Vec<P>
+    where
+        P: Clone,
+    {
+        self.materialized().shards
     }
     /// Per-shard shape of device `flat`.
     pub fn local_shape(&self, flat: usize) -> Vec<usize> {
@@ -77,7 +136,10 @@ impl<P> DTensor<P> {
 
 impl<P: TensorMetadata> TensorMetadata for DTensor<P> {
     fn dtype(&self) -> DType {
-        self.shards[0].dtype()
+        match &self.deferred {
+            Some(d) => d.reduced.dtype(),
+            None => self.shards[0].dtype(),
+        }
     }
     fn shape(&self) -> Shape {
         Shape::from(&self.shape[..])

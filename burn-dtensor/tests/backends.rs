@@ -151,10 +151,73 @@ pub fn gradients<I: Backend>(device: I::Device) {
     }
 }
 
+/// A contracting dim sharded on both operands, on a stacked virtual mesh: the product is a
+/// partial sum whose shards are deferred (its reduced value is one matmul over the whole
+/// contracting dim, see `burn_dtensor::tensor::Deferred`). Against the same ops on the mesh run
+/// per device and the oracle: the value, the per-shard partial products (`to_local_shards`,
+/// shard `(a, b)` is `x[.., a-th k chunk] @ w[a-th k chunk, ..]`), the sum of two such products
+/// (addition keeps partial sums partial, so it reads the shards), a reduce-scatter, and the
+/// communication recorded.
+pub fn deferred_partials<I: Backend>(device: I::Device) {
+    let m = mesh::<I>(&device);
+    let d3 = |shape: [usize; 3], seed: usize| TensorData::new(data([shape[0] * shape[1], shape[2]], seed).to_vec::<f32>().unwrap(), shape);
+    // `a` shards k on both sides; then also the rows (b); then a batch dim (b). The products
+    // outnumber the operands (as a weight gradient's do), so they are deferred.
+    deferred_case::<I, 2>(&m, data([8, 2], 1), ["unsharded", "a"], data([2, 8], 2), ["a", "unsharded"]);
+    deferred_case::<I, 2>(&m, data([8, 2], 1), ["b", "a"], data([2, 8], 2), ["a", "unsharded"]);
+    deferred_case::<I, 3>(&m, d3([2, 8, 2], 1), ["b", "unsharded", "a"], d3([2, 2, 8], 2), ["b", "a", "unsharded"]);
+}
+
+fn deferred_case<I: Backend, const D: usize>(stacked: &Mesh<I::Device>, dx: TensorData, lx: [&str; D], dw: TensorData, lw: [&str; D]) {
+    let per_device = stacked.with_stacked_execution(false);
+    let run = |m: &Mesh<I::Device>| {
+        let x: Tensor<DistributedBackend<I>, D> = distribute(dx.clone(), m, &Layout::new(m, lx).unwrap()).unwrap();
+        let w: Tensor<DistributedBackend<I>, D> = distribute(dw.clone(), m, &Layout::new(m, lw).unwrap()).unwrap();
+        let mut scatter = ["unsharded"; D];
+        scatter[D - 1] = "a";
+        burn_dtensor::record_comms(|| {
+            let y = x.clone().matmul(w.clone());
+            assert!(burn_dtensor::layout(&y).is_partial());
+            let shards: Vec<TensorData> = burn_dtensor::to_local_shards(y.clone()).into_iter().map(|s| s.into_data()).collect();
+            let sum = y.clone() + x.matmul(w.mul_scalar(2.0));
+            let scattered = relayout(y.clone(), &Layout::new(m, scatter).unwrap()).unwrap();
+            [y.into_data(), sum.into_data(), scattered.into_data()].into_iter().chain(shards).collect::<Vec<_>>()
+        })
+    };
+    let (got, log) = run(stacked);
+    let (got1, log1) = run(&per_device);
+    let (ox, ow) = (Tensor::<NdArray, D>::from_data(dx.clone(), &Default::default()), Tensor::<NdArray, D>::from_data(dw.clone(), &Default::default()));
+    let want = ox.clone().matmul(ow.clone());
+    let mut wants = vec![want.clone().into_data(), want.clone().mul_scalar(3.0).into_data(), want.into_data()];
+    // Shard of mesh device i = (a, b): `a` picks the k chunk, `b` the row or batch chunk.
+    let k = dx.shape[D - 1] / 2;
+    for i in 0..4 {
+        let (ca, cb) = (i / 2, i % 2);
+        let (mut xi, mut wi) = (ox.clone().narrow(D - 1, ca * k, k), ow.clone().narrow(D - 2, ca * k, k));
+        for (d, l) in lx.iter().enumerate().take(D - 1) {
+            if *l == "b" {
+                let n = dx.shape[d] / 2;
+                xi = xi.narrow(d, cb * n, n);
+                if d < D - 2 {
+                    wi = wi.narrow(d, cb * n, n);
+                }
+            }
+        }
+        wants.push(xi.matmul(wi).into_data());
+    }
+    assert_eq!(got.len(), wants.len());
+    for ((g, g1), w) in got.iter().zip(&got1).zip(&wants) {
+        g.clone().convert::<f32>().assert_approx_eq::<f32>(w, tol());
+        g1.clone().convert::<f32>().assert_approx_eq::<f32>(w, tol());
+    }
+    assert_eq!(log.summary(), log1.summary(), "{lx:?} @ {lw:?}");
+    assert!(!log.events.is_empty());
+}
+
 /// The suite's tests, instantiated per backend by `common::suite!`.
 macro_rules! backend_suite {
     ($name:ident, $backend:ty, $device:expr) => {
-        suite!($name, $backend, $device, [matmul, reductions, relayouts, sliced_shards, gradients]);
+        suite!($name, $backend, $device, [matmul, reductions, relayouts, sliced_shards, gradients, deferred_partials]);
     };
 }
 

@@ -26,10 +26,16 @@ fn with(shape: &[usize], i: usize, v: usize) -> Vec<usize> {
 
 /// All-reduce along `axis`: the `op`-reduction over the axis' leading dim (which becomes 1).
 pub fn all_reduce<B: Backend, K: Kind<B>>(x: K::P, topo: &MeshTopology, axis: usize, op: ReduceOp, global: &[usize]) -> K::P {
+    record_all_reduce(&x, topo, axis, global);
+    K::reduce_dim(x, axis, op)
+}
+
+/// Records the all-reduce along `axis` of a stacked primitive `x` (or of any primitive with the
+/// same per-shard dims, such as its reduced value) without running it.
+pub fn record_all_reduce<P: TensorMetadata>(x: &P, topo: &MeshTopology, axis: usize, global: &[usize]) {
     let m = topo.axis_size(axis) as u64;
     let groups = topo.size() as u64 / m;
-    comm::record(CollectiveKind::AllReduce, topo.axis_name(axis), groups * 2 * (m - 1) * shard_bytes(&x, topo.ndim()), global);
-    K::reduce_dim(x, axis, op)
+    comm::record(CollectiveKind::AllReduce, topo.axis_name(axis), groups * 2 * (m - 1) * shard_bytes(x, topo.ndim()), global);
 }
 
 /// Reduce-scatter along `axis` onto tensor dim `dim`: the reduction, then each index of the axis

@@ -7,6 +7,7 @@ use burn::tensor::{Slice, TensorData, TensorMetadata};
 use super::dispatch::{self, is_solo, only, run1, run2, run2_weighted, run3, run_n, solo_map};
 use crate::layout::Layout;
 use crate::mesh::Mesh;
+use crate::redistribute::execute_stacked;
 use crate::rules::pointwise::{Linearity, broadcast_shape, nary};
 use crate::rules::{self, Strategy, fallback, index, reduce, view};
 use crate::shard::local_ranges;
@@ -156,7 +157,14 @@ pub fn fix_replicated<P: TensorMetadata>(mut r: DTensor<P>) -> DTensor<P> {
 /// some devices with empty operands, which inner backends may reject (NdArray divides by
 /// `m * k`): those shards are computed here as zeros of the local output shape, which is also
 /// the right value for an empty *contracting* dim (this device's share of a partial sum).
-pub fn matmul<B: Backend, K: Kind<B>>(lhs: DTensor<K::P>, rhs: DTensor<K::P>, f: impl Fn(K::P, K::P) -> K::P + Sync) -> DTensor<K::P> {
+///
+/// Stacked, a contracting dim sharded on both sides gives a tensor with [deferred
+/// shards](crate::tensor::Deferred): its reduced value is one matmul over the whole contracting
+/// dim ([`stack::contract`]), its per-shard partial products are computed only if read.
+pub fn matmul<B: Backend, K: Kind<B>, F>(lhs: DTensor<K::P>, rhs: DTensor<K::P>, f: F) -> DTensor<K::P>
+where
+    F: Fn(K::P, K::P) -> K::P + Copy + Send + Sync + 'static,
+{
     same_mesh(&lhs.layout, &rhs.layout);
     if is_solo(&lhs) {
         return solo_map(lhs, |x| f(x, only(rhs)));
@@ -174,6 +182,18 @@ pub fn matmul<B: Backend, K: Kind<B>>(lhs: DTensor<K::P>, rhs: DTensor<K::P>, f:
         let macs = xs.num_elements().saturating_mul(ys[r - 1]).max(ys.num_elements().saturating_mul(xs[r - 2]));
         (macs / dispatch::MATMUL_WORK_PER_ELEMENT).max(xs.num_elements()).max(ys.num_elements())
     };
+    let elements = |l: &Layout, shape: &[usize]| stack::stack_shape(l, shape).iter().product::<usize>();
+    if s.output.is_partial()
+        && dispatch::stacks::<B>(true, (&s.output, &shape), &[(&s.inputs[0], &lhs.shape), (&s.inputs[1], &rhs.shape)])
+        && stack::contracts::<B>(elements(&s.output, &shape), elements(&s.inputs[0], &lhs.shape), elements(&s.inputs[1], &rhs.shape))
+    {
+        let x = execute_stacked::<B, K>(lhs, &s.inputs[0]);
+        let y = execute_stacked::<B, K>(rhs, &s.inputs[1]);
+        let k = s.output.mesh.ndim();
+        let axes: Vec<usize> = (0..k).filter(|&a| s.output.partial[a].is_some()).collect();
+        let reduced = stack::contract::<B, K>(x.clone(), y.clone(), k, &axes, f);
+        return DTensor::deferred(shape, s.output, reduced, move || stack::matmul::<B, K>(x.clone(), y.clone(), k, f));
+    }
     // Stacked: the leading mesh dims are batch dims, folded into rows where `stack::matmul` can.
     run2_weighted::<B, K, K, K>(lhs, rhs, &s, shape, true, weigh, |at, x, y| {
         let (xs, ys) = (x.shape(), y.shape());

@@ -126,7 +126,7 @@ fn work<P: burn::tensor::TensorMetadata>(shards: &[P]) -> usize {
 /// and, on CPU backends, every shard is below [`par_min`] elements. Above it, shards run per
 /// device on worker threads: one stacked op runs on one thread, and on the 20000 -> 4096 MLP
 /// that made the data-parallel step 3.84 s against 2.20 s threaded per device (NOTES.md).
-fn stacks<B>(stack: bool, out: (&Layout, &[usize]), inputs: &[(&Layout, &[usize])]) -> bool {
+pub(crate) fn stacks<B>(stack: bool, out: (&Layout, &[usize]), inputs: &[(&Layout, &[usize])]) -> bool {
     stack && holds_stacked::<B>(out.0, out.1) && inputs.iter().all(|&(l, s)| holds_stacked::<B>(l, s))
 }
 

@@ -87,7 +87,7 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
         c::unary::<B, F, F>(t, Linearity::None, |x| B::float_cast(x, dtype))
     }
     fn float_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
-        c::matmul::<B, F>(lhs, rhs, B::float_matmul)
+        c::matmul::<B, F, _>(lhs, rhs, B::float_matmul)
     }
     fn float_cross(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
         c::binary_along::<B, F>(lhs, rhs, &[dim], |x, y| B::float_cross(x, y, dim))

@@ -95,7 +95,7 @@ impl<B: Backend> IntTensorOps<Self> for DistributedBackend<B> {
     arg_reduce!(int_argmax, int_argmin);
 
     fn int_matmul(lhs: IntTensor<Self>, rhs: IntTensor<Self>) -> IntTensor<Self> {
-        c::matmul::<B, I>(lhs, rhs, B::int_matmul)
+        c::matmul::<B, I, _>(lhs, rhs, B::int_matmul)
     }
     fn int_sum(t: IntTensor<Self>) -> IntTensor<Self> {
         c::reduce_all::<B, I>(t, ReduceOp::Sum, B::int_sum)

@@ -58,10 +58,25 @@ pub fn execute<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout) -> DTensor
 pub fn execute_stacked<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout) -> K::P {
     let t = if !t.stacked && stack::stackable(&t.layout, &t.shape) { stack::to_stacked::<B, K>(t) } else { t };
     let r = redistribute::<B, K>(t, to).unwrap_or_else(|e| panic!("burn-dtensor: {e}"));
-    stack::to_stacked::<B, K>(r).shards.pop().expect("a stacked primitive")
+    stack::to_stacked::<B, K>(r).materialized().shards.pop().expect("a stacked primitive")
 }
 
 fn run<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout, steps: &[Step]) -> DTensor<K::P> {
+    // Deferred shards (see `Deferred`) settled in full: the all-reduces are recorded and the
+    // reduced value taken; any other relayout computes the shards first.
+    if let Some(d) = &t.deferred
+        && *to == t.layout.without_partial()
+        && steps.iter().all(|s| matches!(s, Step::AllReduce { .. }))
+    {
+        let topo = &t.layout.mesh;
+        for s in steps {
+            if let Step::AllReduce { axis, .. } = *s {
+                collective::stacked::record_all_reduce(&d.reduced, topo, axis, &t.shape);
+            }
+        }
+        return stack::output(t.shape.clone(), to.clone(), d.reduced.clone());
+    }
+    let t = t.materialized();
     if t.stacked {
         return run_stacked::<B, K>(t, to, steps);
     }
