@@ -306,7 +306,7 @@ pub fn coalesce(shapes: &[&[usize]]) -> Option<Vec<Vec<usize>>> {
 /// dim). Returns the shapes to reshape to, the merged output shape and whether each operand
 /// needs materialising.
 pub fn elementwise_plan<B>(shapes: &[&[usize]]) -> (Vec<Vec<usize>>, Vec<usize>, Vec<bool>) {
-    let merged = coalesce(shapes).unwrap_or_else(|| shapes.iter().map(|s| s.to_vec()).collect());
+    let merged = if reshape_copies::<B>() { None } else { coalesce(shapes) }.unwrap_or_else(|| shapes.iter().map(|s| s.to_vec()).collect());
     let refs: Vec<&[usize]> = merged.iter().map(|s| &s[..]).collect();
     let out = broadcast_shape(&refs);
     let dense = merged.iter().map(|s| out.len() > 2 && prefer_dense::<B>() && s.iter().zip(&out).any(|(&a, &b)| a != b)).collect();
@@ -321,6 +321,14 @@ pub fn elementwise_plan<B>(shapes: &[&[usize]]) -> (Vec<Vec<usize>>, Vec<usize>,
 /// CubeCL kernels broadcast natively.
 pub fn prefer_dense<B>() -> bool {
     std::any::type_name::<B>().starts_with("burn_flex::")
+}
+
+/// Whether inner backend `B` copies the data on every reshape: NdArray (its `reshape` returns an
+/// owned array even for a contiguous input). There merging dims for an element-wise op costs a
+/// copy per operand, more than the low-rank fast path saves: without it the model-parallel step
+/// went from 824 to 740 µs, the data-parallel one from 700 to 651 µs (NOTES.md).
+pub fn reshape_copies<B>() -> bool {
+    std::any::type_name::<B>().starts_with("burn_ndarray::")
 }
 
 /// `x` reshaped to `shape`, then repeated along each dim where it is 1 and `out` is not, when
