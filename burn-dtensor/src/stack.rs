@@ -233,25 +233,34 @@ pub fn matmul<B: Backend, K: Kind<B>>(x: K::P, y: K::P, ks: usize, f: impl Fn(K:
 /// The sum over mesh axes `axes` of the stacked matmul `[s.., b.., m, k] @ [t.., b.., k, n]`
 /// (`ks` leading mesh dims, both operands using every axis of `axes`): the all-reduced value of
 /// the per-shard partial products, as one matmul over the whole contracting dim. Each operand's
-/// `axes` dims move next to its contracting dim and merge with it (`[m, P, k] -> [m, P*k]`, `[P,
-/// k, n] -> [P*k, n]`, the same order on both sides), leaving size 1 on those mesh dims: the
-/// stacked primitive of the output layout without its pending reductions.
+/// `axes` dims move next to its contracting dim and merge with it (the same order on both
+/// sides), leaving size 1 on those mesh dims: the stacked primitive of the output layout without
+/// its pending reductions.
+///
+/// The lhs merges as `[P, k, m] -> [P*k, m]` and is then transposed back (a view): its usual
+/// source is a weight gradient's `x^T`, a transposed view of the contiguous `x`, so the merge
+/// runs on contiguous data (free on backends whose reshape is a view) and the matmul takes the
+/// transposed operand as it takes `x^T` on one device. The rhs merges as `[P, k, n] -> [P*k, n]`.
 pub fn contract<B: Backend, K: Kind<B>>(x: K::P, y: K::P, ks: usize, axes: &[usize], f: impl Fn(K::P, K::P) -> K::P) -> K::P {
+    use crate::collective::stacked::permute;
     let (xs, ys) = (x.shape().to_vec(), y.shape().to_vec());
     let r = xs.len();
     let p: usize = axes.iter().map(|&a| xs[a]).product();
     debug_assert!(axes.iter().all(|&a| xs[a] == ys[a]), "contracting over {axes:?}: {xs:?} @ {ys:?}");
     let others = (0..ks).filter(|a| !axes.contains(a));
-    let merged = |s: &[usize], at: usize| -> Vec<usize> {
-        let mut out: Vec<usize> = (0..r).map(|d| if axes.contains(&d) { 1 } else { s[d] }).collect();
-        out[at] *= p;
+    // The shape after the merge: the `axes` dims 1, then the last two dims `(a, b)` with `P` folded
+    // into `a`.
+    let merged = |s: &[usize], a: usize, b: usize| -> Vec<usize> {
+        let mut out: Vec<usize> = (0..r - 2).map(|d| if axes.contains(&d) { 1 } else { s[d] }).collect();
+        out.extend([p * s[a], s[b]]);
         out
     };
-    // lhs: [others.., b.., m, axes.., k]; rhs: [others.., b.., axes.., k, n].
-    let xo: Vec<usize> = others.clone().chain(ks..r - 1).chain(axes.iter().copied()).chain([r - 1]).collect();
+    // lhs: [others.., b.., axes.., k, m]; rhs: [others.., b.., axes.., k, n].
+    let xo: Vec<usize> = others.clone().chain(ks..r - 2).chain(axes.iter().copied()).chain([r - 1, r - 2]).collect();
     let yo: Vec<usize> = others.chain(ks..r - 2).chain(axes.iter().copied()).chain([r - 2, r - 1]).collect();
-    let x = K::reshape(crate::collective::stacked::permute::<B, K>(x, &xo), Shape::from(merged(&xs, r - 1)));
-    let y = K::reshape(crate::collective::stacked::permute::<B, K>(y, &yo), Shape::from(merged(&ys, r - 2)));
+    let swap: Vec<usize> = (0..r - 2).chain([r - 1, r - 2]).collect();
+    let x = K::permute(K::reshape(permute::<B, K>(x, &xo), Shape::from(merged(&xs, r - 1, r - 2))), &swap);
+    let y = K::reshape(permute::<B, K>(y, &yo), Shape::from(merged(&ys, r - 2, r - 1)));
     // Folding lhs-only axes into rows would leave a permuted output when the rhs has axes of its
     // own; the batched matmul gives it contiguous (it is a weight gradient the update reads).
     if (0..ks).any(|a| x.shape()[a] == 1 && y.shape()[a] > 1) { f(x, y) } else { matmul::<B, K>(x, y, ks, f) }
