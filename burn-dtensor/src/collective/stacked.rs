@@ -5,7 +5,7 @@
 //! [`CommDebugMode`](crate::CommDebugMode) reports the same figures in both forms.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{Shape, TensorMetadata};
+use burn::tensor::{Shape, Slice, TensorMetadata};
 
 use crate::comm::{self, CollectiveKind};
 use crate::layout::ReduceOp;
@@ -77,16 +77,25 @@ pub(crate) fn permute<B: Backend, K: Kind<B>>(x: K::P, order: &[usize]) -> K::P 
     if order.iter().enumerate().all(|(i, &o)| i == o) {
         return x;
     }
-    let kept = |it: &mut dyn Iterator<Item = usize>| it.filter(|&i| xs[i] != 1).collect::<Vec<_>>();
-    if kept(&mut (0..xs.num_dims())) == kept(&mut order.iter().copied()) {
+    if only_unit_dims_move(&xs, order) {
         let shape: Vec<usize> = order.iter().map(|&i| xs[i]).collect();
         return K::reshape(x, Shape::from(shape));
     }
     K::permute(x, order)
 }
 
+/// Whether `order` only moves dims of size 1 (the others keep their relative order).
+fn only_unit_dims_move(shape: &[usize], order: &[usize]) -> bool {
+    let kept = |it: &mut dyn Iterator<Item = usize>| it.filter(|&i| shape[i] != 1).collect::<Vec<_>>();
+    kept(&mut (0..shape.len())) == kept(&mut order.iter().copied())
+}
+
 /// No communication: each index of `axis` keeps its chunk of tensor dim `dim` (whose size the
-/// axis size divides): a reshape and a permute, both views on CPU backends.
+/// axis size divides): a reshape and a permute, both views on CPU backends. When the permute
+/// is a real one, backends that [`prefer_dense`](crate::stack::prefer_dense) get the chunks
+/// sliced and concatenated along the axis' dim instead: one contiguous copy, where Flex would
+/// otherwise copy the permuted view through its scalar strided iterator at every later reshape
+/// (a model-parallel BatchNorm gradient, `[1, 2, 64, 24] -> [4, 2, 16, 24]`).
 pub fn local_chunk<B: Backend, K: Kind<B>>(x: K::P, topo: &MeshTopology, axis: usize, dim: usize) -> K::P {
     let k = topo.ndim();
     let m = topo.axis_size(axis);
@@ -100,6 +109,17 @@ pub fn local_chunk<B: Backend, K: Kind<B>>(x: K::P, topo: &MeshTopology, axis: u
     split.extend(&xs[p + 1..]);
     let mut order: Vec<usize> = (0..split.len()).filter(|&i| i != p - 1).collect();
     order.insert(axis, p - 1);
+    if crate::stack::prefer_dense::<B>() && !only_unit_dims_move(&split, &order) {
+        let len = n / m;
+        let parts = (0..m)
+            .map(|c| {
+                let mut s = vec![Slice::full(); xs.len()];
+                s[p] = Slice::new((c * len) as isize, Some(((c + 1) * len) as isize), 1);
+                K::slice(x.clone(), &s)
+            })
+            .collect();
+        return K::cat(parts, axis);
+    }
     permute::<B, K>(K::reshape(x, Shape::from(split)), &order)
 }
 
