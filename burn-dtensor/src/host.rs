@@ -69,6 +69,49 @@ pub fn extract(data: &TensorData, ranges: &[Range<usize>]) -> Result<TensorData>
     Ok(TensorData::from_bytes_vec(out, out_shape, data.dtype))
 }
 
+/// The boxes `boxes` of a host tensor, each row-major, one after the other, as one host tensor
+/// of `shape` (which holds exactly their elements): the stacked form of a sharded tensor
+/// ([`crate::stack`]) built on the host, so that it uploads contiguous in one transfer.
+///
+/// # Errors
+/// [`DTensorError::Unsupported`] for quantized data.
+pub fn stack(data: TensorData, boxes: &[Vec<Range<usize>>], shape: Vec<usize>) -> Result<TensorData> {
+    let whole: Vec<usize> = data.shape.to_vec();
+    if consecutive(&whole, boxes) {
+        // The boxes tile the buffer in order (a split of the leading dim): only the shape changes.
+        return Ok(TensorData { shape: shape.into(), ..data });
+    }
+    let es = elem_size(&data)?;
+    let src = data.as_bytes();
+    let mut out = vec![0u8; shape.iter().product::<usize>() * es];
+    let mut at = 0;
+    for ranges in boxes {
+        for_each_run(&whole, ranges, |s, d, n| out[(at + d) * es..(at + d + n) * es].copy_from_slice(&src[s * es..(s + n) * es]));
+        at += ranges.iter().map(|r| r.len()).product::<usize>();
+    }
+    debug_assert_eq!(at * es, out.len(), "boxes must fill the stacked shape");
+    Ok(TensorData::from_bytes_vec(out, shape, data.dtype))
+}
+
+/// Whether `boxes` of a row-major tensor of `shape` are contiguous runs of its buffer that follow
+/// one another from its start to its end.
+fn consecutive(shape: &[usize], boxes: &[Vec<Range<usize>>]) -> bool {
+    let mut next = 0;
+    for ranges in boxes {
+        // Contiguous: every dim after the first one the box spans more than one index of is whole.
+        let first = ranges.iter().position(|r| r.len() > 1).unwrap_or(ranges.len());
+        if ranges.iter().zip(shape).skip(first + 1).any(|(r, &n)| r.start != 0 || r.end != n) {
+            return false;
+        }
+        let start = ranges.iter().zip(shape).fold(0, |acc, (r, &n)| acc * n + r.start);
+        if start != next {
+            return false;
+        }
+        next += ranges.iter().map(|r| r.len()).product::<usize>();
+    }
+    next == shape.iter().product::<usize>()
+}
+
 /// Assembles a host tensor of `shape` from chunks `(box, data)` that tile it.
 ///
 /// # Errors
@@ -87,4 +130,28 @@ pub fn assemble(shape: &[usize], pieces: Vec<(Vec<Range<usize>>, TensorData)>) -
         });
     }
     Ok(TensorData::from_bytes_vec(out, shape.to_vec(), dtype))
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::TensorData;
+
+    fn grid() -> TensorData {
+        TensorData::new((0..12).map(|v| v as f32).collect::<Vec<_>>(), [4, 3])
+    }
+
+    /// Row blocks tile the buffer in order (no copy); column blocks are gathered box by box.
+    #[test]
+    fn stack_lays_out_boxes_one_after_the_other() {
+        let rows = super::stack(grid(), &[vec![0..2, 0..3], vec![2..4, 0..3]], vec![2, 2, 3]).unwrap();
+        assert!(super::consecutive(&[4, 3], &[vec![0..2, 0..3], vec![2..4, 0..3]]));
+        assert_eq!(rows.shape.to_vec(), vec![2, 2, 3]);
+        assert_eq!(rows.to_vec::<f32>().unwrap(), (0..12).map(|v| v as f32).collect::<Vec<_>>());
+        let boxes = [vec![0..4, 0..1], vec![0..4, 1..2], vec![0..4, 2..3]];
+        assert!(!super::consecutive(&[4, 3], &boxes));
+        let cols = super::stack(grid(), &boxes, vec![3, 4, 1]).unwrap();
+        assert_eq!(cols.to_vec::<f32>().unwrap(), vec![0., 3., 6., 9., 1., 4., 7., 10., 2., 5., 8., 11.]);
+        // Out of order: not consecutive.
+        assert!(!super::consecutive(&[4, 3], &[vec![2..4, 0..3], vec![0..2, 0..3]]));
+    }
 }

@@ -107,7 +107,7 @@ pub fn stackable(layout: &Layout, shape: &[usize]) -> bool {
 
 /// The flat index of the device whose shard represents device `i`'s: same coordinates on the
 /// axes the layout uses, 0 on the others.
-fn representative(layout: &Layout, i: usize) -> usize {
+pub(crate) fn representative(layout: &Layout, i: usize) -> usize {
     let topo = &layout.mesh;
     (0..topo.ndim()).filter(|&a| !uses_axis(layout, a)).fold(i, |i, a| i - topo.coord(i, a) * topo.strides[a])
 }

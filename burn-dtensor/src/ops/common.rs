@@ -397,13 +397,16 @@ pub fn distribute<B: Backend, K: Kind<B>>(data: TensorData, mesh: &Mesh<B::Devic
     }
     let settled = layout.without_partial();
     if dispatch::holds_stacked::<B>(&settled, &shape) {
-        // Stacked: one upload of the whole buffer as a replicated stack, then the relayout to
-        // `layout` (local chunks along the axes' leading dims: views, no copy on CPU backends).
-        let mut lead = vec![1; settled.mesh.ndim()];
-        lead.extend(&shape);
-        let whole = K::reshape(K::from_data(data, &mesh.devices()[0]), lead.into());
-        let replicated = Layout::replicated_on(&settled.mesh, shape.len());
-        return crate::redistribute::redistribute::<B, K>(stack::output(shape, replicated, whole), layout);
+        // Stacked: the shards laid out in the stacked form on the host (one host copy, none when
+        // they tile the buffer in order: replicated, or a split of dim 0), one upload of a
+        // contiguous stack; then the pending reductions of a partial `layout`, if any. Local chunks on the device would leave a
+        // permuted view where a dim is sharded on an axis after the first (spatial mode's
+        // features), which backends then copy element by element.
+        let target = stack::stack_shape(&settled, &shape);
+        let boxes: Vec<_> = (0..mesh.size()).filter(|&i| stack::representative(&settled, i) == i).map(|i| local_ranges(&settled, &shape, i)).collect();
+        let data = host::stack(data, &boxes, target)?;
+        let t = stack::output(shape, settled, K::from_data(data, &mesh.devices()[0]));
+        return if layout.is_partial() { crate::redistribute::redistribute::<B, K>(t, layout) } else { Ok(t) };
     }
     let plan = super::dispatch::dedupe_plan(&[&settled], mesh.devices());
     let computed: Vec<usize> = (0..mesh.size()).filter(|&i| plan[i].is_none()).collect();
