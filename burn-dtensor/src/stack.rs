@@ -255,31 +255,57 @@ pub fn contract<B: Backend, K: Kind<B>>(x: K::P, y: K::P, ks: usize, axes: &[usi
         out.extend([p * s[a], s[b]]);
         out
     };
-    // lhs: [others.., b.., axes.., k, m]; rhs: [others.., b.., axes.., k, n].
-    let xo: Vec<usize> = others.clone().chain(ks..r - 2).chain(axes.iter().copied()).chain([r - 1, r - 2]).collect();
-    let yo: Vec<usize> = others.chain(ks..r - 2).chain(axes.iter().copied()).chain([r - 2, r - 1]).collect();
+    // Both as [others.., b.., axes.., k, c] (the lhs transposed first), merged into [.., P*k, c].
+    let order: Vec<usize> = others.chain(ks..r - 2).chain(axes.iter().copied()).chain([r - 2, r - 1]).collect();
+    let merge = |t: K::P| -> K::P {
+        let ts = t.shape().to_vec();
+        if prefer_dense::<B>() && !crate::collective::stacked::only_unit_dims_move(&ts, &order) {
+            // Slices at each index of the axes, concatenated along the contracting dim:
+            // contiguous copies, where Flex would copy a permuted view through its scalar
+            // strided iterator (the spatial weight gradient: 340 µs against 60).
+            cat_over::<B, K>(t, axes, r - 2)
+        } else {
+            K::reshape(permute::<B, K>(t, &order), Shape::from(merged(&ts, r - 2, r - 1)))
+        }
+    };
     let swap: Vec<usize> = (0..r - 2).chain([r - 1, r - 2]).collect();
-    let x = K::permute(K::reshape(permute::<B, K>(x, &xo), Shape::from(merged(&xs, r - 1, r - 2))), &swap);
-    let y = K::reshape(permute::<B, K>(y, &yo), Shape::from(merged(&ys, r - 2, r - 1)));
+    let x = K::permute(merge(K::permute(x, &swap)), &swap);
+    let y = merge(y);
     // Folding lhs-only axes into rows would leave a permuted output when the rhs has axes of its
     // own; the batched matmul gives it contiguous (it is a weight gradient the update reads).
     if (0..ks).any(|a| x.shape()[a] == 1 && y.shape()[a] > 1) { f(x, y) } else { matmul::<B, K>(x, y, ks, f) }
 }
 
+/// `x` sliced at every index of the mesh dims `axes` (row-major), the slices concatenated along
+/// `dim`: the axes' dims become 1 and `dim` grows by their product, index-major.
+fn cat_over<B: Backend, K: Kind<B>>(x: K::P, axes: &[usize], dim: usize) -> K::P {
+    let xs = x.shape().to_vec();
+    let count: usize = axes.iter().map(|&a| xs[a]).product();
+    let parts = (0..count)
+        .map(|mut c| {
+            let mut s = vec![Slice::full(); xs.len()];
+            for &a in axes.iter().rev() {
+                let i = c % xs[a];
+                c /= xs[a];
+                s[a] = Slice::new(i as isize, Some(i as isize + 1), 1);
+            }
+            K::slice(x.clone(), &s)
+        })
+        .collect();
+    K::cat(parts, dim)
+}
+
 /// Whether a stacked matmul with a contracting dim sharded over mesh axes is better settled by
-/// [`contract`] than by its per-shard partial products, on inner backend `B`: when those
-/// products (`partial` elements, the stacked output) outnumber the operands' elements, which
-/// `contract` may have to copy to merge the axes into the contracting dim (twice over on
-/// backends that [`prefer_dense`], whose strided copies walk a scalar iterator).
+/// [`contract`] than by its per-shard partial products: when those products (`partial`
+/// elements, the stacked output) outnumber the operands' elements, which `contract` may have to
+/// copy to merge the axes into the contracting dim.
 ///
 /// Measured on the IMDB step (NOTES.md): a data-parallel weight gradient (`8 x [1200, 48]`
-/// products from `[64, 1200]` and `[64, 48]`, ratio 5.8) contracts everywhere; the spatial one
-/// (`[2, 2, 2, 600, 24]` products from a `[64, 1200]` input, ratio 1.4) gains on NdArray (1.01
-/// -> 0.95 ms) and loses on Flex; a forward matmul with the features sharded (`[2, 2, 2, 32, 24]`
-/// products) keeps its partial products.
-pub fn contracts<B>(partial: usize, lhs: usize, rhs: usize) -> bool {
-    let factor = if prefer_dense::<B>() { 2 } else { 1 };
-    partial > factor * (lhs + rhs)
+/// products from `[64, 1200]` and `[64, 48]`, ratio 5.8) and the spatial one (`[2, 2, 2, 600,
+/// 24]` products, ratio 1.4) contract; a forward matmul with the features sharded (`[2, 2, 2,
+/// 32, 24]` products from a `[64, 1200]` input) keeps its partial products.
+pub fn contracts(partial: usize, lhs: usize, rhs: usize) -> bool {
+    partial > lhs + rhs
 }
 
 /// The shapes of element-wise operands (equal ranks, broadcasting) with adjacent dims merged

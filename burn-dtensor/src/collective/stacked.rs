@@ -85,7 +85,7 @@ pub(crate) fn permute<B: Backend, K: Kind<B>>(x: K::P, order: &[usize]) -> K::P 
 }
 
 /// Whether `order` only moves dims of size 1 (the others keep their relative order).
-fn only_unit_dims_move(shape: &[usize], order: &[usize]) -> bool {
+pub(crate) fn only_unit_dims_move(shape: &[usize], order: &[usize]) -> bool {
     let kept = |it: &mut dyn Iterator<Item = usize>| it.filter(|&i| shape[i] != 1).collect::<Vec<_>>();
     kept(&mut (0..shape.len())) == kept(&mut order.iter().copied())
 }

@@ -185,7 +185,7 @@ where
     let elements = |l: &Layout, shape: &[usize]| stack::stack_shape(l, shape).iter().product::<usize>();
     if s.output.is_partial()
         && dispatch::stacks::<B>(true, (&s.output, &shape), &[(&s.inputs[0], &lhs.shape), (&s.inputs[1], &rhs.shape)])
-        && stack::contracts::<B>(elements(&s.output, &shape), elements(&s.inputs[0], &lhs.shape), elements(&s.inputs[1], &rhs.shape))
+        && stack::contracts(elements(&s.output, &shape), elements(&s.inputs[0], &lhs.shape), elements(&s.inputs[1], &rhs.shape))
     {
         let x = execute_stacked::<B, K>(lhs, &s.inputs[0]);
         let y = execute_stacked::<B, K>(rhs, &s.inputs[1]);
