@@ -399,9 +399,10 @@ pub fn distribute<B: Backend, K: Kind<B>>(data: TensorData, mesh: &Mesh<B::Devic
     if dispatch::holds_stacked::<B>(&settled, &shape) {
         // Stacked: the shards laid out in the stacked form on the host (one host copy, none when
         // they tile the buffer in order: replicated, or a split of dim 0), one upload of a
-        // contiguous stack; then the pending reductions of a partial `layout`, if any. Local chunks on the device would leave a
-        // permuted view where a dim is sharded on an axis after the first (spatial mode's
-        // features), which backends then copy element by element.
+        // contiguous stack; then the pending reductions of a partial `layout`, if any. Local
+        // chunks on the device would leave a permuted view where a dim is sharded on an axis
+        // after the first (spatial mode's features), which backends then copy element by
+        // element.
         let target = stack::stack_shape(&settled, &shape);
         let boxes: Vec<_> = (0..mesh.size()).filter(|&i| stack::representative(&settled, i) == i).map(|i| local_ranges(&settled, &shape, i)).collect();
         let data = host::stack(data, &boxes, target)?;
