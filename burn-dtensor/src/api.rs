@@ -63,13 +63,13 @@ pub trait DistributedOps: Backend {
 impl<B: Backend> DistributedOps for DistributedBackend<B> {
     type Inner = B;
     fn float_layout(t: &FloatTensor<Self>) -> Layout {
-        t.layout.clone()
+        (*t.layout).clone()
     }
     fn int_layout(t: &IntTensor<Self>) -> Layout {
-        t.layout.clone()
+        (*t.layout).clone()
     }
     fn q_layout(t: &burn::tensor::ops::QuantizedTensor<Self>) -> Layout {
-        t.layout.clone()
+        (*t.layout).clone()
     }
     fn float_relayout(t: FloatTensor<Self>, layout: &Layout) -> Result<FloatTensor<Self>> {
         redistribute::<B, FloatKind>(t, layout)

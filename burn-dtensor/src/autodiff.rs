@@ -37,16 +37,16 @@ impl<B: Backend> Backward<DistributedBackend<B>, 1> for Relayout {
 impl<B: Backend, C: CheckpointStrategy> DistributedOps for Autodiff<DistributedBackend<B>, C> {
     type Inner = B;
     fn float_layout(t: &FloatTensor<Self>) -> Layout {
-        t.primitive.layout.clone()
+        (*t.primitive.layout).clone()
     }
     fn int_layout(t: &IntTensor<Self>) -> Layout {
-        t.layout.clone()
+        (*t.layout).clone()
     }
     fn q_layout(t: &burn::tensor::ops::QuantizedTensor<Self>) -> Layout {
-        t.layout.clone()
+        (*t.layout).clone()
     }
     fn float_relayout(t: FloatTensor<Self>, layout: &Layout) -> Result<FloatTensor<Self>> {
-        let from = t.primitive.layout.clone();
+        let from = (*t.primitive.layout).clone();
         let out = redistribute::<B, FloatKind>(t.primitive.clone(), layout)?;
         Ok(match Relayout.prepare::<C>([t.node.clone()]).compute_bound().stateful() {
             OpsKind::Tracked(prep) => prep.finish(from, out),

@@ -94,6 +94,12 @@ impl Layout {
         Self { mesh: mesh.clone(), dims: smallvec::smallvec![None; rank], partial: smallvec::smallvec![None; mesh.ndim()] }
     }
 
+    /// [`Layout::replicated_on`] `layout`'s mesh for a rank-`rank` tensor: `layout` itself when it
+    /// already is that layout (no allocation: the one-device path's common case).
+    pub(crate) fn replicated_like(layout: Arc<Self>, rank: usize) -> Arc<Self> {
+        if layout.rank() == rank && layout.is_replicated() { layout } else { Arc::new(Self::replicated_on(&layout.mesh, rank)) }
+    }
+
     /// Dim 0 sharded over `axis`, the rest unsharded (TensorFlow DTensor's `Layout.batch_sharded`).
     ///
     /// # Errors

@@ -24,7 +24,9 @@ use crate::shard;
 #[derive(Clone, Debug)]
 pub struct DTensor<P> {
     pub(crate) shape: Vec<usize>,
-    pub(crate) layout: Layout,
+    /// Shared, so that moving a tensor through the decorator's layers moves a pointer rather
+    /// than the layout's inline dims (the tensor is moved by value several times per op).
+    pub(crate) layout: Arc<Layout>,
     pub(crate) shards: Vec<P>,
     /// Whether `shards` is the one stacked primitive (see above).
     pub(crate) stacked: bool,
@@ -71,14 +73,16 @@ impl<P> std::fmt::Debug for Deferred<P> {
 
 impl<P> DTensor<P> {
     /// Builds a tensor from its parts (no check: internal).
-    pub(crate) fn from_parts(shape: Vec<usize>, layout: Layout, shards: Vec<P>) -> Self {
+    pub(crate) fn from_parts(shape: Vec<usize>, layout: impl Into<Arc<Layout>>, shards: Vec<P>) -> Self {
+        let layout = layout.into();
         debug_assert_eq!(layout.rank(), shape.len(), "layout {layout} vs shape {shape:?}");
         debug_assert_eq!(layout.mesh.size(), shards.len());
         let reduced = layout.is_partial().then(Arc::default);
         Self { shape, layout, shards, stacked: false, reduced, deferred: None }
     }
     /// Builds a tensor in stacked form from its one stacked primitive (no check: internal).
-    pub(crate) fn from_stacked(shape: Vec<usize>, layout: Layout, stack: P) -> Self {
+    pub(crate) fn from_stacked(shape: Vec<usize>, layout: impl Into<Arc<Layout>>, stack: P) -> Self {
+        let layout = layout.into();
         debug_assert_eq!(layout.rank(), shape.len(), "layout {layout} vs shape {shape:?}");
         let reduced = layout.is_partial().then(Arc::default);
         Self { shape, layout, shards: vec![stack], stacked: true, reduced, deferred: None }
@@ -89,7 +93,7 @@ impl<P> DTensor<P> {
     pub(crate) fn deferred(shape: Vec<usize>, layout: Layout, reduced: P, compute: impl Fn() -> P + Send + Sync + 'static) -> Self {
         debug_assert!(layout.is_partial() && layout.mesh.stacked, "deferred shards are for stacked partial tensors");
         let deferred = Some(Arc::new(Deferred { reduced, stack: OnceLock::new(), compute: Box::new(compute) }));
-        Self { shape, reduced: Some(Arc::default()), shards: Vec::new(), stacked: true, layout, deferred }
+        Self { shape, reduced: Some(Arc::default()), shards: Vec::new(), stacked: true, layout: Arc::new(layout), deferred }
     }
     /// The tensor with its shards computed (a no-op unless they were deferred).
     pub(crate) fn materialized(mut self) -> Self

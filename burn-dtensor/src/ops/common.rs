@@ -148,7 +148,7 @@ pub fn fallback1<B: Backend, KI: Kind<B>, KO: Kind<B>>(t: DTensor<KI::P>, f: imp
 /// Gives a replicated output computed by a fallback its real shape and rank.
 pub fn fix_replicated<P: TensorMetadata>(mut r: DTensor<P>) -> DTensor<P> {
     let shape = r.shards[0].shape().to_vec();
-    r.layout = Layout::replicated_on(&r.layout.mesh, shape.len());
+    r.layout = std::sync::Arc::new(Layout::replicated_on(&r.layout.mesh, shape.len()));
     r.shape = shape;
     r
 }
@@ -323,6 +323,9 @@ pub fn gather<B: Backend, K: Kind<B>, KI: Kind<B>>(dim: usize, t: DTensor<K::P>,
 /// `scatter_*(dim, t, indices, value)` and `select_*`-style ops with a value operand.
 pub fn scatter<B: Backend, K: Kind<B>, KI: Kind<B>>(dim: usize, t: DTensor<K::P>, idx: DTensor<KI::P>, value: DTensor<K::P>, f: impl Fn(usize, K::P, KI::P, K::P) -> K::P + Sync) -> DTensor<K::P> {
     same_mesh(&t.layout, &idx.layout);
+    if is_solo(&t) {
+        return solo_map(t, |x| f(dim, x, only(idx), only(value)));
+    }
     let s = if same_off(&t.shape, &idx.shape, dim) && idx.shape == value.shape {
         index::along_dim_aligned(&[&t.layout, &idx.layout, &value.layout], dim)
     } else {
@@ -348,6 +351,9 @@ pub fn select<B: Backend, K: Kind<B>, KI: Kind<B>>(t: DTensor<K::P>, dim: usize,
 /// `select_add(t, dim, indices, value)`: `dim` whole, indices replicated, value aligned with `t`.
 pub fn select_assign<B: Backend, K: Kind<B>, KI: Kind<B>>(t: DTensor<K::P>, dim: usize, idx: DTensor<KI::P>, value: DTensor<K::P>, f: impl Fn(K::P, usize, KI::P, K::P) -> K::P + Sync) -> DTensor<K::P> {
     same_mesh(&t.layout, &idx.layout);
+    if is_solo(&t) {
+        return solo_map(t, |x| f(x, dim, only(idx), only(value)));
+    }
     let r = rules::unsharded_on(&t.layout, &[dim]);
     let s = Strategy { inputs: vec![r.clone(), Layout::replicated_on(&r.mesh, 1), r.clone()], output: r };
     let shape = t.shape.clone();
@@ -356,7 +362,7 @@ pub fn select_assign<B: Backend, K: Kind<B>, KI: Kind<B>>(t: DTensor<K::P>, dim:
 
 /// `cat(tensors, dim)`: `dim` whole, other dims aligned with the first tensor.
 pub fn cat<B: Backend, K: Kind<B>>(ts: Vec<DTensor<K::P>>, dim: usize) -> DTensor<K::P> {
-    let s = index::cat(&ts.iter().map(|t| &t.layout).collect::<Vec<_>>(), dim);
+    let s = index::cat(&ts.iter().map(|t| &*t.layout).collect::<Vec<_>>(), dim);
     let mut shape = ts[0].shape.clone();
     shape[dim] = ts.iter().map(|t| t.shape[dim]).sum();
     run_n::<B, K, K>(ts, &s, shape, true, |at, parts| K::cat(parts, dim + at.off()))

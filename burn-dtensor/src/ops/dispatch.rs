@@ -100,12 +100,18 @@ pub(crate) fn only<P>(t: DTensor<P>) -> P {
 
 /// An op on a one-device mesh: `f` on `t`'s only shard (other operands taken with [`only`]
 /// inside `f`), the result replicated on the same mesh.
+///
+/// It runs for every op on such a mesh, so it allocates nothing of its own: the input's shape
+/// and shard vectors and its layout are reused for the output (the shard vector in place when
+/// `P` and `Q` have one size, as the inner backends' float/int/bool primitives do).
 pub(crate) fn solo_map<P, Q: burn::tensor::TensorMetadata>(t: DTensor<P>, f: impl FnOnce(P) -> Q) -> DTensor<Q> {
-    let mesh = t.layout.mesh.clone();
-    let y = f(only(t));
-    let shape = y.shape().to_vec();
-    let layout = Layout::replicated_on(&mesh, shape.len());
-    DTensor::from_parts(shape, layout, vec![y])
+    let DTensor { mut shape, layout, shards, .. } = t;
+    let mut f = Some(f);
+    let shards: Vec<Q> = shards.into_iter().map(|x| f.take().expect("one shard")(x)).collect();
+    shape.clear();
+    shape.extend(shards[0].shape().iter());
+    let layout = Layout::replicated_like(layout, shape.len());
+    DTensor::from_parts(shape, layout, shards)
 }
 
 /// [`dedupe_plan`] for the devices the shards sit on (nothing to plan for a single shard).
@@ -238,6 +244,9 @@ pub fn run_n<B: Backend, K: Kind<B>, KO: Kind<B>>(ts: Vec<DTensor<K::P>>, s: &St
 /// Creation on a mesh: `f(device)` per distinct inner device; the result is replicated.
 pub fn create<B: Backend, K: Kind<B>>(mesh: &crate::Mesh<B::Device>, shape: Vec<usize>, f: impl Fn(&B::Device) -> K::P + Sync) -> DTensor<K::P> {
     let layout = Layout::replicated(mesh, shape.len());
+    if let [device] = mesh.devices() {
+        return DTensor::from_parts(shape, layout, vec![f(device)]);
+    }
     let plan = dedupe_plan(&[&layout], mesh.devices());
     let shards = run_each(mesh.devices().to_vec(), &plan, shape.iter().product(), threads_for::<B>(), |_, d| f(&d));
     DTensor::from_parts(shape, layout, shards)

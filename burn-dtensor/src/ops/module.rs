@@ -29,7 +29,7 @@ fn prep<B: Backend, K: Kind<B>>(t: DTensor<K::P>, x: &Layout, batched: bool) -> 
 /// `x` (or replicated when `batched_out` is false).
 fn run_batch<B: Backend, R: TensorMetadata + Clone>(x: &FT<B>, n_shards: usize, batched_out: bool, f: impl Fn(usize) -> R) -> DTensor<R> {
     let xl = prep::<B, FloatKind>(x.clone(), &x.layout, true).layout;
-    let out_l = if batched_out { xl.clone() } else { Layout::replicated_on(&xl.mesh, 0) };
+    let out_l = if batched_out { (*xl).clone() } else { Layout::replicated_on(&xl.mesh, 0) };
     let devices = super::common::mesh_of::<B, _>(x).devices().to_vec();
     let plan = dedupe_plan(&[&xl], &devices);
     let mut shards: Vec<R> = Vec::with_capacity(n_shards);

@@ -22,7 +22,7 @@ use crate::tensor::{DTensor, Kind};
 /// The result keeps the input's form (per device or stacked, see [`crate::stack`]), except that
 /// a stacked tensor goes per device when `to` cannot be held stacked (an uneven split).
 pub fn redistribute<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout) -> Result<DTensor<K::P>> {
-    if &t.layout == to {
+    if *t.layout == *to {
         return Ok(t);
     }
     let steps = plan(&t.layout, to)?;
