@@ -104,7 +104,7 @@ pub fn relayouts<I: Backend>(device: I::Device) {
         // coordinate 0, max/min keep it everywhere), then settle it every way.
         for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
             for to in layouts(&m) {
-                if to.dims().iter().any(|d| *d == Some(1)) {
+                if to.dims().contains(&Some(1)) {
                     continue;
                 }
                 let p = Layout::replicated(&m, 2).with_partial(1, op);

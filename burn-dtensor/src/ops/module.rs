@@ -33,8 +33,8 @@ fn run_batch<B: Backend, R: TensorMetadata + Clone>(x: &FT<B>, n_shards: usize, 
     let devices = super::common::mesh_of::<B, _>(x).devices().to_vec();
     let plan = dedupe_plan(&[&xl], &devices);
     let mut shards: Vec<R> = Vec::with_capacity(n_shards);
-    for i in 0..n_shards {
-        let v = match plan[i] {
+    for (i, p) in plan.iter().enumerate().take(n_shards) {
+        let v = match *p {
             Some(j) => shards[j].clone(),
             None => f(i),
         };
@@ -197,7 +197,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
             prep::<B, FloatKind>(t, &ql, b)
         });
         run_batch::<B, _>(&query, q.shards.len(), true, |i| {
-            B::attention(q.shards[i].clone(), k.shards[i].clone(), v.shards[i].clone(), m.as_ref().map(|m| m.shards[i].clone()), bias.as_ref().map(|b| b.shards[i].clone()), options.clone())
+            B::attention(q.shards[i].clone(), k.shards[i].clone(), v.shards[i].clone(), m.as_ref().map(|m| m.shards[i].clone()), bias.as_ref().map(|b| b.shards[i].clone()), options)
         })
     }
     fn rfft(signal: FloatTensor<Self>, dim: usize, n: Option<usize>) -> (FloatTensor<Self>, FloatTensor<Self>) {

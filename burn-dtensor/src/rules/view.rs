@@ -70,7 +70,7 @@ pub fn reshape(l: &Layout, old: &[usize], new: &[usize]) -> Strategy {
             let Some(a) = l.dims[d] else { continue };
             let k = l.mesh.axis_size(a);
             let ok = match (lead_old, lead_new) {
-                (Some(lo), Some(ln)) if lo == d => old[lo] == new[ln] || (old[lo] % k == 0 && new[ln] % k == 0),
+                (Some(lo), Some(ln)) if lo == d => old[lo] == new[ln] || (old[lo].is_multiple_of(k) && new[ln].is_multiple_of(k)),
                 _ => false,
             };
             if ok {
