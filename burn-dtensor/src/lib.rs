@@ -45,6 +45,7 @@ pub mod comm;
 pub mod device;
 pub mod error;
 pub mod host;
+pub mod inner;
 pub mod layout;
 pub mod layout_map;
 pub mod mesh;

@@ -28,6 +28,7 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Shape, Slice, TensorMetadata};
 
+use crate::inner::{prefer_dense, reshape_copies};
 use crate::layout::Layout;
 use crate::rules::pointwise::broadcast_shape;
 use crate::shard;
@@ -346,24 +347,6 @@ pub fn elementwise_plan<B>(shapes: &[&[usize]]) -> (Vec<Vec<usize>>, Vec<usize>,
     let out = broadcast_shape(&refs);
     let dense = merged.iter().map(|s| out.len() > 2 && prefer_dense::<B>() && s.iter().zip(&out).any(|(&a, &b)| a != b)).collect();
     (merged, out, dense)
-}
-
-/// Whether inner backend `B` runs a broadcasting element-wise op above rank 2 faster on
-/// materialised operands: Flex only. Its fast paths cover same-shape operands and row
-/// broadcasts; a model-parallel bias (`[4, 2, 16, 24] + [1, 2, 1, 24]`) otherwise walks its
-/// scalar strided iterator (the model step: 1.02 ms broadcasting, 758 µs materialised).
-/// NdArray's broadcasting is fast and the copies slowed its model step (886 µs -> 1.01 ms);
-/// CubeCL kernels broadcast natively.
-pub fn prefer_dense<B>() -> bool {
-    std::any::type_name::<B>().starts_with("burn_flex::")
-}
-
-/// Whether inner backend `B` copies the data on every reshape: NdArray (its `reshape` returns an
-/// owned array even for a contiguous input). There merging dims for an element-wise op costs a
-/// copy per operand, more than the low-rank fast path saves: without it the model-parallel step
-/// went from 824 to 740 µs, the data-parallel one from 700 to 651 µs (NOTES.md).
-pub fn reshape_copies<B>() -> bool {
-    std::any::type_name::<B>().starts_with("burn_ndarray::")
 }
 
 /// `x` reshaped to `shape`, then repeated along each dim where it is 1 and `out` is not, when

@@ -9,7 +9,8 @@ use burn::tensor::{Slice, TensorMetadata};
 use crate::comm::{self, CollectiveKind};
 use crate::layout::ReduceOp;
 use crate::mesh::MeshTopology;
-use crate::ops::dispatch::{par_min, threads_for};
+use crate::inner::threads_for;
+use crate::ops::dispatch::par_min;
 use crate::shard::chunk;
 use crate::tensor::Kind;
 

@@ -92,7 +92,7 @@ pub(crate) fn only_unit_dims_move(shape: &[usize], order: &[usize]) -> bool {
 
 /// No communication: each index of `axis` keeps its chunk of tensor dim `dim` (whose size the
 /// axis size divides): a reshape and a permute, both views on CPU backends. When the permute
-/// is a real one, backends that [`prefer_dense`](crate::stack::prefer_dense) get the chunks
+/// is a real one, backends that [`prefer_dense`](crate::inner::prefer_dense) get the chunks
 /// sliced and concatenated along the axis' dim instead: one contiguous copy, where Flex would
 /// otherwise copy the permuted view through its scalar strided iterator at every later reshape
 /// (a model-parallel BatchNorm gradient, `[1, 2, 64, 24] -> [4, 2, 16, 24]`).
@@ -109,7 +109,7 @@ pub fn local_chunk<B: Backend, K: Kind<B>>(x: K::P, topo: &MeshTopology, axis: u
     split.extend(&xs[p + 1..]);
     let mut order: Vec<usize> = (0..split.len()).filter(|&i| i != p - 1).collect();
     order.insert(axis, p - 1);
-    if crate::stack::prefer_dense::<B>() && !only_unit_dims_move(&split, &order) {
+    if crate::inner::prefer_dense::<B>() && !only_unit_dims_move(&split, &order) {
         let len = n / m;
         let parts = (0..m)
             .map(|c| {

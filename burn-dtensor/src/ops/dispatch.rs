@@ -8,6 +8,7 @@
 
 use burn::tensor::backend::Backend;
 
+use crate::inner::threads_for;
 use crate::layout::Layout;
 use crate::redistribute::{execute, execute_stacked};
 use crate::stack::{self, At};
@@ -52,16 +53,6 @@ pub(crate) fn par_min() -> usize {
 /// (a matmul's inputs can be small while its compute is large: `[256, 256] @ [256, 256]` is
 /// 64 Ki elements per input but 16.8 M multiply-adds).
 pub(crate) const MATMUL_WORK_PER_ELEMENT: usize = 16;
-
-/// Whether shards of inner backend `B` may run on worker threads: only CPU backends (NdArray,
-/// Flex), whose ops are plain computations on the calling thread. CubeCL backends (Wgpu, Cuda)
-/// give each submitting thread its own stream; kernels for shards of one device submitted from
-/// pool threads produced wrong results on Wgpu in testing, and the GPU runs them concurrently
-/// anyway, so they are submitted from the calling thread.
-pub(crate) fn threads_for<B>() -> bool {
-    let name = std::any::type_name::<B>();
-    name.starts_with("burn_ndarray::") || name.starts_with("burn_flex::")
-}
 
 /// Runs `f` on every shard that `plan` says to compute (in parallel when `threads` allows it,
 /// each shard holds at least [`par_min`] elements and more than one must be computed), then
@@ -250,14 +241,4 @@ pub fn create<B: Backend, K: Kind<B>>(mesh: &crate::Mesh<B::Device>, shape: Vec<
     let plan = dedupe_plan(&[&layout], mesh.devices());
     let shards = run_each(mesh.devices().to_vec(), &plan, shape.iter().product(), threads_for::<B>(), |_, d| f(&d));
     DTensor::from_parts(shape, layout, shards)
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn worker_threads_only_for_cpu_backends() {
-        assert!(super::threads_for::<burn::backend::NdArray>());
-        assert!(super::threads_for::<burn::backend::Flex>());
-        assert!(!super::threads_for::<crate::DistributedBackend<burn::backend::NdArray>>());
-    }
 }
