@@ -113,6 +113,13 @@ pub(crate) fn representative(layout: &Layout, i: usize) -> usize {
     (0..topo.ndim()).filter(|&a| !uses_axis(layout, a)).fold(i, |i, a| i - topo.coord(i, a) * topo.strides[a])
 }
 
+/// Whether device `i` holds a distinct shard under `layout` (it is its own [`representative`]:
+/// coordinate 0 on every axis the layout does not use). The representatives in row-major order
+/// are the stacked primitive's shards, in its order; one per chunk of the global tensor.
+pub(crate) fn is_representative(layout: &Layout, i: usize) -> bool {
+    representative(layout, i) == i
+}
+
 /// Puts a per-device tensor in stacked form (a no-op when it already is): the representative
 /// shards (one per index of the used axes, row-major) are concatenated along a new leading dim,
 /// one inner `cat` (a single reshape when the tensor is replicated).
@@ -125,7 +132,7 @@ pub fn to_stacked<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> {
     debug_assert!(stackable(&t.layout, &t.shape), "stacking {} of shape {:?}", t.layout, t.shape);
     let target = stack_shape(&t.layout, &t.shape);
     let DTensor { shape, layout, shards, reduced, .. } = t;
-    let reps: Vec<K::P> = shards.into_iter().enumerate().filter(|(i, _)| representative(&layout, *i) == *i).map(|(_, p)| p).collect();
+    let reps: Vec<K::P> = shards.into_iter().enumerate().filter(|(i, _)| is_representative(&layout, *i)).map(|(_, p)| p).collect();
     let stack = if reps.len() == 1 {
         K::reshape(reps.into_iter().next().expect("one shard"), target.into())
     } else {

@@ -410,7 +410,7 @@ pub fn distribute<B: Backend, K: Kind<B>>(data: TensorData, mesh: &Mesh<B::Devic
         // after the first (spatial mode's features), which backends then copy element by
         // element.
         let target = stack::stack_shape(&settled, &shape);
-        let boxes: Vec<_> = (0..mesh.size()).filter(|&i| stack::representative(&settled, i) == i).map(|i| local_ranges(&settled, &shape, i)).collect();
+        let boxes: Vec<_> = (0..mesh.size()).filter(|&i| stack::is_representative(&settled, i)).map(|i| local_ranges(&settled, &shape, i)).collect();
         let data = host::stack(data, &boxes, target)?;
         let t = stack::output(shape, settled, K::from_data(data, &mesh.devices()[0]));
         return if layout.is_partial() { crate::redistribute::redistribute::<B, K>(t, layout) } else { Ok(t) };
@@ -446,12 +446,10 @@ pub fn distribute<B: Backend, K: Kind<B>>(data: TensorData, mesh: &Mesh<B::Devic
 /// distinct chunk is read and the chunks are assembled on the host (no device collective).
 pub fn into_data<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> TensorData {
     let t = if t.layout.is_partial() { crate::redistribute::execute::<B, K>(t.clone(), &t.layout.without_partial()) } else { stack::to_per_device::<B, K>(t) };
-    let topo = t.layout.mesh.clone();
     let mut pieces = Vec::new();
     for (i, p) in t.shards.iter().enumerate() {
-        // One representative per chunk: coordinate 0 on every axis that shards nothing.
-        let rep = (0..topo.ndim()).all(|a| t.layout.axis_dim(a).is_some() || topo.coord(i, a) == 0);
-        if rep {
+        // One device per chunk (the layout is settled: its used axes are the sharding ones).
+        if stack::is_representative(&t.layout, i) {
             pieces.push((local_ranges(&t.layout, &t.shape, i), K::into_data(p.clone())));
         }
     }
