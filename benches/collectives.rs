@@ -25,23 +25,36 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn bench_path<I: Backend>(c: &mut Criterion, path: &str, device: I::Device) {
     let mesh = Mesh::new([("x", 8)], vec![device.clone(); 8]).unwrap();
-    let sizes: &[usize] = if std::env::var_os("DTENSOR_BENCH_FULL").is_some() { &[64, 512, 2048, 4096] } else { &[64, 512] };
+    let sizes: &[usize] = if std::env::var_os("DTENSOR_BENCH_FULL").is_some() {
+        &[64, 512, 2048, 4096]
+    } else {
+        &[64, 512]
+    };
     let s0 = Layout::new(&mesh, ["x", "unsharded"]).unwrap();
     let s1 = Layout::new(&mesh, ["unsharded", "x"]).unwrap();
     let r = Layout::replicated(&mesh, 2);
     let p = r.clone().with_partial(0, ReduceOp::Sum);
-    let cases: [(&str, &Layout, &Layout); 5] =
-        [("all_gather", &s0, &r), ("all_reduce", &p, &r), ("reduce_scatter", &p, &s0), ("all_to_all", &s0, &s1), ("local_slice", &r, &s0)];
+    let cases: [(&str, &Layout, &Layout); 5] = [
+        ("all_gather", &s0, &r),
+        ("all_reduce", &p, &r),
+        ("reduce_scatter", &p, &s0),
+        ("all_to_all", &s0, &s1),
+        ("local_slice", &r, &s0),
+    ];
     let mut group = c.benchmark_group(format!("relayout/{path}"));
     for &n in sizes {
-        let data = TensorData::new((0..n * n).map(|i| (i % 97) as f32).collect::<Vec<_>>(), [n, n]);
+        let data = TensorData::new(
+            (0..n * n).map(|i| (i % 97) as f32).collect::<Vec<_>>(),
+            [n, n],
+        );
         group.throughput(Throughput::Bytes((n * n * 4) as u64));
         for (name, from, to) in cases {
             // A fresh tensor per iteration: a partial tensor memoises its reduction across clones.
             group.bench_function(format!("{name}/{n}x{n}"), |b| {
                 b.iter_batched(
                     || {
-                        let t = distribute::<DistributedBackend<I>, 2>(data.clone(), &mesh, from).unwrap();
+                        let t = distribute::<DistributedBackend<I>, 2>(data.clone(), &mesh, from)
+                            .unwrap();
                         I::sync(&device).unwrap();
                         t
                     },
@@ -65,11 +78,14 @@ fn collectives(c: &mut Criterion) {
         use burn_dtensor::collective::cube::set_kernels_enabled;
         let device = burn::backend::wgpu::WgpuDevice::Cpu;
         let d = device.clone();
-        let found = std::panic::catch_unwind(move || burn::tensor::Tensor::<burn::backend::Wgpu, 1>::zeros([1], &d).into_data()).is_ok();
+        let found = std::panic::catch_unwind(move || {
+            burn::tensor::Tensor::<burn::backend::Wgpu, 1>::zeros([1], &d).into_data()
+        })
+        .is_ok();
         if found {
             bench_path::<burn::backend::Wgpu>(c, "wgpu-kernel", device.clone());
-        set_kernels_enabled(false);
-        bench_path::<burn::backend::Wgpu>(c, "wgpu-generic", device);
+            set_kernels_enabled(false);
+            bench_path::<burn::backend::Wgpu>(c, "wgpu-generic", device);
             set_kernels_enabled(true);
         }
     }

@@ -32,7 +32,15 @@ fn batch(n: usize, width: usize, seed: u64) -> (TensorData, TensorData) {
         s ^= s << 17;
         s
     };
-    let x: Vec<f32> = (0..n * width).map(|_| if next() % 10 == 0 { (next() % 1000) as f32 / 500.0 } else { 0.0 }).collect();
+    let x: Vec<f32> = (0..n * width)
+        .map(|_| {
+            if next() % 10 == 0 {
+                (next() % 1000) as f32 / 500.0
+            } else {
+                0.0
+            }
+        })
+        .collect();
     let y: Vec<i64> = (0..n).map(|_| (next() % 2) as i64).collect();
     (TensorData::new(x, [n, width]), TensorData::new(y, [n]))
 }
@@ -42,15 +50,34 @@ fn distributed<I: Backend>(mode: Mode) -> Distributed<I> {
 }
 
 fn distributed_on<I: Backend>(mode: Mode, device: I::Device) -> Distributed<I> {
-    Distributed::new(mode.default_mesh(), 8, device, LayoutMap::from_toml_str(mode.default_layout_map()).unwrap()).unwrap()
+    Distributed::new(
+        mode.default_mesh(),
+        8,
+        device,
+        LayoutMap::from_toml_str(mode.default_layout_map()).unwrap(),
+    )
+    .unwrap()
 }
 
 /// The IMDB step in the four modes on inner backend `I`.
-fn modes<I: Backend>(c: &mut Criterion, backend: &str, device: I::Device, dims: (usize, usize, usize)) {
+fn modes<I: Backend>(
+    c: &mut Criterion,
+    backend: &str,
+    device: I::Device,
+    dims: (usize, usize, usize),
+) {
     for mode in [Mode::Single, Mode::Data, Mode::Model, Mode::Spatial] {
         let name = format!("imdb/{backend}/{mode:?}").to_lowercase();
         match mode {
-            Mode::Single => bench_step(c, &name, &Single::<I> { device: device.clone() }, dims, 64),
+            Mode::Single => bench_step(
+                c,
+                &name,
+                &Single::<I> {
+                    device: device.clone(),
+                },
+                dims,
+                64,
+            ),
             m => bench_step(c, &name, &distributed_on::<I>(m, device.clone()), dims, 64),
         }
     }
@@ -60,23 +87,41 @@ fn modes<I: Backend>(c: &mut Criterion, backend: &str, device: I::Device, dims: 
 #[allow(dead_code)]
 fn available<I: Backend>(device: &I::Device) -> bool {
     let d = device.clone();
-    let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || Tensor::<I, 1>::zeros([1], &d).into_data())).is_ok();
+    let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        Tensor::<I, 1>::zeros([1], &d).into_data()
+    }))
+    .is_ok();
     if !ok {
         eprintln!("skipped: no device for {}", std::any::type_name::<I>());
     }
     ok
 }
 
-fn bench_step<P: Placement>(c: &mut Criterion, name: &str, p: &P, dims: (usize, usize, usize), n: usize) {
+fn bench_step<P: Placement>(
+    c: &mut Criterion,
+    name: &str,
+    p: &P,
+    dims: (usize, usize, usize),
+    n: usize,
+) {
     let (x, y) = batch(n, dims.0, 7);
     let device = p.device();
-    let model = p.prepare_model(ImdbMlp::with_dims(dims.0, dims.1, dims.2, &device)).unwrap();
+    let model = p
+        .prepare_model(ImdbMlp::with_dims(dims.0, dims.1, dims.2, &device))
+        .unwrap();
     let mut optim = SgdConfig::new().init();
     let mut slot = Some(model);
     c.bench_function(&format!("{name}/train_step"), |b| {
         b.iter(|| {
             let (xb, yb) = p.train_batch(x.clone(), y.clone()).unwrap();
-            let (m, loss, _) = step(slot.take().unwrap(), &mut optim, xb, yb, 1e-2, LossReduction::Mean);
+            let (m, loss, _) = step(
+                slot.take().unwrap(),
+                &mut optim,
+                xb,
+                yb,
+                1e-2,
+                LossReduction::Mean,
+            );
             let _ = loss.into_data();
             slot = Some(m);
         })
@@ -98,7 +143,10 @@ impl<B: burn_dtensor::DistributedOps> ModuleVisitor<B> for Bytes {
         let l = burn_dtensor::layout(&t);
         let shape = t.dims();
         for (i, b) in self.0.iter_mut().enumerate() {
-            *b += burn_dtensor::shard::local_shape(&l, &shape, i).iter().product::<usize>() * 4;
+            *b += burn_dtensor::shard::local_shape(&l, &shape, i)
+                .iter()
+                .product::<usize>()
+                * 4;
         }
     }
 }
@@ -116,27 +164,68 @@ fn imdb(c: &mut Criterion) {
         modes::<burn::backend::Cuda>(c, "cuda", Default::default(), dims);
     }
     // Decorator overhead: a mesh of one device against the bare backend.
-    let one = Distributed::<NdArray>::new("batch=1", 1, Default::default(), LayoutMap::new()).unwrap();
+    let one =
+        Distributed::<NdArray>::new("batch=1", 1, Default::default(), LayoutMap::new()).unwrap();
     bench_step(c, "overhead/ndarray/mesh_of_one", &one, dims, 64);
-    bench_step(c, "overhead/ndarray/bare", &Single::<NdArray> { device: Default::default() }, dims, 64);
+    bench_step(
+        c,
+        "overhead/ndarray/bare",
+        &Single::<NdArray> {
+            device: Default::default(),
+        },
+        dims,
+        64,
+    );
 }
 
 fn large(c: &mut Criterion) {
     // The real sizes in release benches; small ones when run as a test.
-    let (dims, n) = if full() { ((20000, 4096, 2), 256) } else { ((200, 64, 2), 32) };
-    let one = Distributed::<NdArray>::new("batch=1", 1, Default::default(), LayoutMap::new()).unwrap();
+    let (dims, n) = if full() {
+        ((20000, 4096, 2), 256)
+    } else {
+        ((200, 64, 2), 32)
+    };
+    let one =
+        Distributed::<NdArray>::new("batch=1", 1, Default::default(), LayoutMap::new()).unwrap();
     let mut v = Bytes(vec![0]);
-    ImdbMlp::<<Distributed<NdArray> as Placement>::AD>::with_dims(dims.0, dims.1, dims.2, &one.device()).visit(&mut v);
+    ImdbMlp::<<Distributed<NdArray> as Placement>::AD>::with_dims(
+        dims.0,
+        dims.1,
+        dims.2,
+        &one.device(),
+    )
+    .visit(&mut v);
     let single_bytes = v.0[0];
     eprintln!("large MLP {dims:?}: single-device parameter bytes {single_bytes}");
-    bench_step(c, "large_mlp/single", &Single::<NdArray> { device: Default::default() }, dims, n);
+    bench_step(
+        c,
+        "large_mlp/single",
+        &Single::<NdArray> {
+            device: Default::default(),
+        },
+        dims,
+        n,
+    );
     for mode in [Mode::Data, Mode::Model, Mode::Spatial] {
         let p = distributed::<NdArray>(mode);
-        let m = p.prepare_model(ImdbMlp::with_dims(dims.0, dims.1, dims.2, &p.device())).unwrap();
+        let m = p
+            .prepare_model(ImdbMlp::with_dims(dims.0, dims.1, dims.2, &p.device()))
+            .unwrap();
         let mut v = Bytes(vec![0; 8]);
         m.visit(&mut v);
-        eprintln!("large MLP {mode:?} [{}]: per-device parameter bytes {:?} ({:.3} of single)", p.mesh, v.0[0], v.0[0] as f64 / single_bytes as f64);
-        bench_step(c, &format!("large_mlp/{mode:?}").to_lowercase(), &p, dims, n);
+        eprintln!(
+            "large MLP {mode:?} [{}]: per-device parameter bytes {:?} ({:.3} of single)",
+            p.mesh,
+            v.0[0],
+            v.0[0] as f64 / single_bytes as f64
+        );
+        bench_step(
+            c,
+            &format!("large_mlp/{mode:?}").to_lowercase(),
+            &p,
+            dims,
+            n,
+        );
     }
 }
 
@@ -145,7 +234,10 @@ fn full() -> bool {
 }
 
 fn config() -> Criterion {
-    Criterion::default().sample_size(20).warm_up_time(std::time::Duration::from_millis(300)).measurement_time(std::time::Duration::from_secs(2))
+    Criterion::default()
+        .sample_size(20)
+        .warm_up_time(std::time::Duration::from_millis(300))
+        .measurement_time(std::time::Duration::from_secs(2))
 }
 
 criterion_group! { name = benches; config = config(); targets = imdb }

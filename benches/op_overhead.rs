@@ -22,26 +22,52 @@ fn data() -> TensorData {
 }
 
 fn ops<B: Backend>(c: &mut Criterion, name: &str, a: Tensor<B, 2>, b: Tensor<B, 2>) {
-    c.bench_function(&format!("op/{name}/add"), |bench| bench.iter(|| a.clone() + b.clone()));
-    c.bench_function(&format!("op/{name}/matmul"), |bench| bench.iter(|| a.clone().matmul(b.clone())));
+    c.bench_function(&format!("op/{name}/add"), |bench| {
+        bench.iter(|| a.clone() + b.clone())
+    });
+    c.bench_function(&format!("op/{name}/matmul"), |bench| {
+        bench.iter(|| a.clone().matmul(b.clone()))
+    });
 }
 
-fn backward<B: burn::tensor::backend::AutodiffBackend>(c: &mut Criterion, name: &str, a: Tensor<B, 2>, b: Tensor<B, 2>) {
+fn backward<B: burn::tensor::backend::AutodiffBackend>(
+    c: &mut Criterion,
+    name: &str,
+    a: Tensor<B, 2>,
+    b: Tensor<B, 2>,
+) {
     let a = a.require_grad();
-    c.bench_function(&format!("op/{name}/autodiff_add_mul_sum_backward"), |bench| {
-        bench.iter(|| {
-            let y = ((a.clone() + b.clone()) * b.clone()).sum();
-            y.backward()
-        })
-    });
+    c.bench_function(
+        &format!("op/{name}/autodiff_add_mul_sum_backward"),
+        |bench| {
+            bench.iter(|| {
+                let y = ((a.clone() + b.clone()) * b.clone()).sum();
+                y.backward()
+            })
+        },
+    );
 }
 
 fn overhead(c: &mut Criterion) {
     let dev = Default::default();
-    ops::<NdArray>(c, "bare", Tensor::from_data(data(), &dev), Tensor::from_data(data(), &dev));
-    backward::<Autodiff<NdArray>>(c, "bare", Tensor::from_data(data(), &dev), Tensor::from_data(data(), &dev));
+    ops::<NdArray>(
+        c,
+        "bare",
+        Tensor::from_data(data(), &dev),
+        Tensor::from_data(data(), &dev),
+    );
+    backward::<Autodiff<NdArray>>(
+        c,
+        "bare",
+        Tensor::from_data(data(), &dev),
+        Tensor::from_data(data(), &dev),
+    );
     type D = DistributedBackend<NdArray>;
-    for (name, n, spec) in [("mesh_of_one", 1, ["unsharded", "unsharded"]), ("8dev_replicated", 8, ["unsharded", "unsharded"]), ("8dev_sharded", 8, ["x", "unsharded"])] {
+    for (name, n, spec) in [
+        ("mesh_of_one", 1, ["unsharded", "unsharded"]),
+        ("8dev_replicated", 8, ["unsharded", "unsharded"]),
+        ("8dev_sharded", 8, ["x", "unsharded"]),
+    ] {
         let mesh = Mesh::new([("x", n)], vec![dev; n]).unwrap();
         let l = Layout::new(&mesh, spec).unwrap();
         let a: Tensor<D, 2> = distribute(data(), &mesh, &l).unwrap();

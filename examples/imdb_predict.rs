@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use burn::backend::NdArray;
-use burn::tensor::{Tensor, TensorData};
 use burn::tensor::activation::softmax;
+use burn::tensor::{Tensor, TensorData};
 use clap::Parser;
 use dtensor_imdb::train::load_exported;
 
@@ -34,10 +34,18 @@ fn main() -> ExitCode {
     };
     let m = vectorizer.transform(&args.texts);
     let x = Tensor::<NdArray, 2>::from_data(TensorData::new(m.values, [m.rows, m.cols]), &device);
-    let p = softmax(model.forward(x), 1).into_data().to_vec::<f32>().unwrap();
+    let p = softmax(model.forward(x), 1)
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap();
     for (i, t) in args.texts.iter().enumerate() {
         let pos = p[i * 2 + 1];
-        println!("{} ({:.3})  {}", if pos >= 0.5 { "positive" } else { "negative" }, pos, t);
+        println!(
+            "{} ({:.3})  {}",
+            if pos >= 0.5 { "positive" } else { "negative" },
+            pos,
+            t
+        );
     }
     ExitCode::SUCCESS
 }

@@ -6,7 +6,9 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 
 /// What to do with a batch the mesh's batch axis cannot shard evenly.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum DropPolicy {
     /// Keep every batch; a batch not divisible by the batch axis is sharded unevenly (the first
@@ -40,7 +42,10 @@ pub struct Example {
 
 impl Dataset<Example> for VectorizedSet {
     fn get(&self, index: usize) -> Option<Example> {
-        (index < self.labels.len()).then(|| Example { features: self.features[index * self.width..(index + 1) * self.width].to_vec(), label: self.labels[index] })
+        (index < self.labels.len()).then(|| Example {
+            features: self.features[index * self.width..(index + 1) * self.width].to_vec(),
+            label: self.labels[index],
+        })
     }
     fn len(&self) -> usize {
         self.labels.len()
@@ -55,7 +60,10 @@ impl VectorizedSet {
             x.extend_from_slice(&self.features[i * self.width..(i + 1) * self.width]);
         }
         let y: Vec<i64> = idx.iter().map(|&i| self.labels[i] as i64).collect();
-        (burn::tensor::TensorData::new(x, [idx.len(), self.width]), burn::tensor::TensorData::new(y, [idx.len()]))
+        (
+            burn::tensor::TensorData::new(x, [idx.len(), self.width]),
+            burn::tensor::TensorData::new(y, [idx.len()]),
+        )
     }
 }
 
@@ -63,7 +71,10 @@ impl VectorizedSet {
 /// epoch only, so a run resumed at epoch k sees the order an unbroken run would have.
 pub fn epoch_order(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
     let mut idx: Vec<usize> = (0..n).collect();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(epoch as u64));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(
+        seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(epoch as u64),
+    );
     idx.shuffle(&mut rng);
     idx
 }

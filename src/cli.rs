@@ -3,19 +3,25 @@
 
 use std::path::PathBuf;
 
+use crate::batch::DropPolicy;
+use crate::data::imdb;
+use crate::model::LossReduction;
+use crate::train::{
+    self, AppError, Distributed, Mode, OptimizerKind, Placement, Prepared, Progress, Single,
+    TrainConfig,
+};
 use burn::module::AutodiffModule;
 use burn::tensor::backend::Backend;
 use burn_dtensor::{CommLog, LayoutMap};
 use clap::Parser;
-use crate::batch::DropPolicy;
-use crate::data::imdb;
-use crate::model::LossReduction;
-use crate::train::{self, AppError, Distributed, Mode, OptimizerKind, Placement, Prepared, Progress, Single, TrainConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// The flags of `imdb_mlp`.
 #[derive(Parser, Debug)]
-#[command(name = "imdb_mlp", about = "IMDB sentiment MLP (TF-IDF 1200 -> 48 relu -> BatchNorm -> 2) on burn-dtensor, as the TensorFlow DTensor tutorial")]
+#[command(
+    name = "imdb_mlp",
+    about = "IMDB sentiment MLP (TF-IDF 1200 -> 48 relu -> BatchNorm -> 2) on burn-dtensor, as the TensorFlow DTensor tutorial"
+)]
 pub struct Args {
     /// Parallel mode: picks the tutorial's mesh and layout map.
     #[arg(long, value_enum, default_value = "data")]
@@ -102,7 +108,11 @@ struct Bars {
 impl Progress for Bars {
     fn epoch_start(&mut self, epoch: usize, steps: usize) {
         let bar = ProgressBar::new(steps as u64).with_prefix(format!("epoch {}", epoch + 1));
-        bar.set_style(ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {elapsed_precise} {msg}").unwrap().progress_chars("=> "));
+        bar.set_style(
+            ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {elapsed_precise} {msg}")
+                .unwrap()
+                .progress_chars("=> "),
+        );
         self.bar = Some(bar);
         (self.loss, self.acc, self.n) = (0.0, 0.0, 0);
     }
@@ -120,18 +130,40 @@ impl Progress for Bars {
             b.finish();
         }
         match test {
-            Some(a) => println!("epoch {}: train loss {:.4}, train acc {:.3}, test accuracy {:.4}", epoch + 1, self.loss, self.acc, a),
-            None => println!("epoch {}: train loss {:.4}, train acc {:.3}", epoch + 1, self.loss, self.acc),
+            Some(a) => println!(
+                "epoch {}: train loss {:.4}, train acc {:.3}, test accuracy {:.4}",
+                epoch + 1,
+                self.loss,
+                self.acc,
+                a
+            ),
+            None => println!(
+                "epoch {}: train loss {:.4}, train acc {:.3}",
+                epoch + 1,
+                self.loss,
+                self.acc
+            ),
         }
         println!("  communication of one step: {comm}");
     }
 }
 
-fn run<P: Placement>(p: &P, args: &Args, cfg: &TrainConfig, data: &Prepared) -> Result<(), AppError> {
-    let mut bars = Bars { bar: None, loss: 0.0, acc: 0.0, n: 0 };
+fn run<P: Placement>(
+    p: &P,
+    args: &Args,
+    cfg: &TrainConfig,
+    data: &Prepared,
+) -> Result<(), AppError> {
+    let mut bars = Bars {
+        bar: None,
+        loss: 0.0,
+        acc: 0.0,
+        n: 0,
+    };
     let (summary, model) = train::train(p, cfg, data, &mut bars)?;
     if let Some(path) = &args.summary_json {
-        std::fs::write(path, serde_json::to_string_pretty(&summary).unwrap()).map_err(|e| AppError::Config(format!("cannot write {}: {e}", path.display())))?;
+        std::fs::write(path, serde_json::to_string_pretty(&summary).unwrap())
+            .map_err(|e| AppError::Config(format!("cannot write {}: {e}", path.display())))?;
     }
     if let Some(path) = &args.export {
         train::export(model.valid(), &data.vectorizer, path)?;
@@ -144,23 +176,37 @@ fn run<P: Placement>(p: &P, args: &Args, cfg: &TrainConfig, data: &Prepared) -> 
         summary.steps,
         summary.median_step_ms,
         summary.wall_s,
-        summary.test_accuracy.map_or("n/a".into(), |a| format!("{a:.4}"))
+        summary
+            .test_accuracy
+            .map_or("n/a".into(), |a| format!("{a:.4}"))
     );
     Ok(())
 }
 
-fn with_backend<I: Backend>(args: &Args, cfg: &TrainConfig, data: &Prepared) -> Result<(), AppError> {
+fn with_backend<I: Backend>(
+    args: &Args,
+    cfg: &TrainConfig,
+    data: &Prepared,
+) -> Result<(), AppError> {
     let device = I::Device::default();
     if args.mode == Mode::Single {
         return run(&Single::<I> { device }, args, cfg, data);
     }
-    let mesh = args.mesh.clone().unwrap_or_else(|| args.mode.default_mesh().to_string());
+    let mesh = args
+        .mesh
+        .clone()
+        .unwrap_or_else(|| args.mode.default_mesh().to_string());
     let map = match &args.layout_map {
         Some(f) => LayoutMap::from_file(f)?,
         None => LayoutMap::from_toml_str(args.mode.default_layout_map())?,
     };
     let p = Distributed::<I>::new(&mesh, args.devices, device, map)?;
-    println!("mesh [{}] over {} virtual {} devices", p.mesh, args.devices, I::name(&Default::default()));
+    println!(
+        "mesh [{}] over {} virtual {} devices",
+        p.mesh,
+        args.devices,
+        I::name(&Default::default())
+    );
     run(&p, args, cfg, data)
 }
 
@@ -189,12 +235,20 @@ pub fn run_args(args: Args) -> Result<(), AppError> {
     };
     // Validate layout inputs before the (slow) data preparation.
     if args.mode != Mode::Single {
-        let mesh = args.mesh.clone().unwrap_or_else(|| args.mode.default_mesh().to_string());
+        let mesh = args
+            .mesh
+            .clone()
+            .unwrap_or_else(|| args.mode.default_mesh().to_string());
         let map = match &args.layout_map {
             Some(f) => LayoutMap::from_file(f)?,
             None => LayoutMap::from_toml_str(args.mode.default_layout_map())?,
         };
-        let p = Distributed::<burn::backend::NdArray>::new(&mesh, args.devices, Default::default(), map)?;
+        let p = Distributed::<burn::backend::NdArray>::new(
+            &mesh,
+            args.devices,
+            Default::default(),
+            map,
+        )?;
         train::check_batch(cfg.batch_size, p.batch_axis(), cfg.drop_policy)?;
         // Rules that match no parameter, or of the wrong rank, fail here too (the parameters
         // are lazy: nothing is allocated).
@@ -204,7 +258,13 @@ pub fn run_args(args: Args) -> Result<(), AppError> {
     println!("loading {} ...", path.display());
     let t = std::time::Instant::now();
     let data = train::prepare(&path)?;
-    println!("{} train / {} test reviews vectorised (TF-IDF, {} terms) in {:.1} s", data.train.labels.len(), data.test.labels.len(), data.vectorizer.vocab_size(), t.elapsed().as_secs_f64());
+    println!(
+        "{} train / {} test reviews vectorised (TF-IDF, {} terms) in {:.1} s",
+        data.train.labels.len(),
+        data.test.labels.len(),
+        data.vectorizer.vocab_size(),
+        t.elapsed().as_secs_f64()
+    );
     match args.backend {
         BackendKind::Ndarray => with_backend::<burn::backend::NdArray>(&args, &cfg, &data),
         BackendKind::Flex => with_backend::<burn::backend::Flex>(&args, &cfg, &data),
@@ -214,4 +274,3 @@ pub fn run_args(args: Args) -> Result<(), AppError> {
         BackendKind::Cuda => with_backend::<burn::backend::Cuda>(&args, &cfg, &data),
     }
 }
-

@@ -28,7 +28,9 @@ pub struct ImdbMlp<B: Backend> {
 }
 
 /// How the per-example cross-entropy is reduced over a batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum LossReduction {
     /// Sum over the batch (the TensorFlow tutorial's `reduce_sum`).
@@ -60,9 +62,16 @@ impl<B: Backend> ImdbMlp<B> {
     }
 
     /// Softmax cross-entropy of `logits` against `labels` (`[batch]`, 0 = neg, 1 = pos).
-    pub fn loss(&self, logits: Tensor<B, 2>, labels: Tensor<B, 1, Int>, reduction: LossReduction) -> Tensor<B, 1> {
+    pub fn loss(
+        &self,
+        logits: Tensor<B, 2>,
+        labels: Tensor<B, 1, Int>,
+        reduction: LossReduction,
+    ) -> Tensor<B, 1> {
         let n = logits.dims()[0];
-        let mean = CrossEntropyLossConfig::new().init(&logits.device()).forward(logits, labels);
+        let mean = CrossEntropyLossConfig::new()
+            .init(&logits.device())
+            .forward(logits, labels);
         match reduction {
             LossReduction::Mean => mean,
             LossReduction::Sum => mean.mul_scalar(n as f32),
@@ -73,5 +82,11 @@ impl<B: Backend> ImdbMlp<B> {
 /// Number of correct predictions (argmax of the logits equals the label).
 pub fn correct<B: Backend>(logits: Tensor<B, 2>, labels: Tensor<B, 1, Int>) -> usize {
     let pred = logits.argmax(1).squeeze_dim::<1>(1);
-    pred.equal(labels).int().sum().into_scalar().to_string().parse::<f64>().unwrap_or(0.0) as usize
+    pred.equal(labels)
+        .int()
+        .sum()
+        .into_scalar()
+        .to_string()
+        .parse::<f64>()
+        .unwrap_or(0.0) as usize
 }

@@ -14,7 +14,10 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer, SgdConfig};
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
 use burn::tensor::backend::{AutodiffBackend, Backend, BackendTypes};
 use burn::tensor::{Int, Tensor, TensorData};
-use burn_dtensor::{CommEvent, CommLog, DistributedBackend, DistributedDevice, Layout, LayoutMap, Mesh, UNSHARDED, record_comms};
+use burn_dtensor::{
+    CommEvent, CommLog, DistributedBackend, DistributedDevice, Layout, LayoutMap, Mesh, UNSHARDED,
+    record_comms,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::batch::{DropPolicy, VectorizedSet, batches, epoch_order};
@@ -72,8 +75,12 @@ impl Mode {
     pub fn default_layout_map(self) -> &'static str {
         match self {
             Mode::Single | Mode::Data => "",
-            Mode::Model => "'^dense1\\.weight$' = [\"unsharded\", \"model\"]\n'^dense1\\.bias$' = [\"model\"]\n'^dense2\\.weight$' = [\"model\", \"unsharded\"]\n",
-            Mode::Spatial => "'^dense1\\.weight$' = [\"feature\", \"model\"]\n'^dense1\\.bias$' = [\"model\"]\n'^dense2\\.weight$' = [\"model\", \"unsharded\"]\n",
+            Mode::Model => {
+                "'^dense1\\.weight$' = [\"unsharded\", \"model\"]\n'^dense1\\.bias$' = [\"model\"]\n'^dense2\\.weight$' = [\"model\", \"unsharded\"]\n"
+            }
+            Mode::Spatial => {
+                "'^dense1\\.weight$' = [\"feature\", \"model\"]\n'^dense1\\.bias$' = [\"model\"]\n'^dense2\\.weight$' = [\"model\", \"unsharded\"]\n"
+            }
         }
     }
 }
@@ -158,9 +165,17 @@ pub fn prepare(path: &Path) -> Result<Prepared, AppError> {
     let set = |reviews: &[imdb::Review]| {
         let texts: Vec<&str> = reviews.iter().map(|r| r.text.as_str()).collect();
         let m = vectorizer.transform(&texts);
-        VectorizedSet { features: m.values, width: m.cols, labels: reviews.iter().map(|r| r.label).collect() }
+        VectorizedSet {
+            features: m.values,
+            width: m.cols,
+            labels: reviews.iter().map(|r| r.label).collect(),
+        }
     };
-    Ok(Prepared { train: set(&data.train), test: set(&data.test), vectorizer })
+    Ok(Prepared {
+        train: set(&data.train),
+        test: set(&data.test),
+        vectorizer,
+    })
 }
 
 /// Where batches and the model go.
@@ -173,13 +188,27 @@ pub trait Placement {
     ///
     /// # Errors
     /// Layout errors.
-    fn train_batch(&self, x: TensorData, y: TensorData) -> Result<(Tensor<Self::AD, 2>, Tensor<Self::AD, 1, Int>), AppError>;
+    fn train_batch(
+        &self,
+        x: TensorData,
+        y: TensorData,
+    ) -> Result<(Tensor<Self::AD, 2>, Tensor<Self::AD, 1, Int>), AppError>;
     /// An evaluation batch on the inner (non-autodiff) backend.
     ///
     /// # Errors
     /// Layout errors.
     #[allow(clippy::type_complexity)]
-    fn valid_batch(&self, x: TensorData, y: TensorData) -> Result<(Tensor<<Self::AD as AutodiffBackend>::InnerBackend, 2>, Tensor<<Self::AD as AutodiffBackend>::InnerBackend, 1, Int>), AppError>;
+    fn valid_batch(
+        &self,
+        x: TensorData,
+        y: TensorData,
+    ) -> Result<
+        (
+            Tensor<<Self::AD as AutodiffBackend>::InnerBackend, 2>,
+            Tensor<<Self::AD as AutodiffBackend>::InnerBackend, 1, Int>,
+        ),
+        AppError,
+    >;
     /// Lays out the model's parameters.
     ///
     /// # Errors
@@ -206,11 +235,25 @@ impl<I: Backend> Placement for Single<I> {
     fn device(&self) -> I::Device {
         self.device.clone()
     }
-    fn train_batch(&self, x: TensorData, y: TensorData) -> Result<(Tensor<Self::AD, 2>, Tensor<Self::AD, 1, Int>), AppError> {
-        Ok((Tensor::from_data(x.convert::<I::FloatElem>(), &self.device), Tensor::from_data(y.convert::<I::IntElem>(), &self.device)))
+    fn train_batch(
+        &self,
+        x: TensorData,
+        y: TensorData,
+    ) -> Result<(Tensor<Self::AD, 2>, Tensor<Self::AD, 1, Int>), AppError> {
+        Ok((
+            Tensor::from_data(x.convert::<I::FloatElem>(), &self.device),
+            Tensor::from_data(y.convert::<I::IntElem>(), &self.device),
+        ))
     }
-    fn valid_batch(&self, x: TensorData, y: TensorData) -> Result<(Tensor<I, 2>, Tensor<I, 1, Int>), AppError> {
-        Ok((Tensor::from_data(x.convert::<I::FloatElem>(), &self.device), Tensor::from_data(y.convert::<I::IntElem>(), &self.device)))
+    fn valid_batch(
+        &self,
+        x: TensorData,
+        y: TensorData,
+    ) -> Result<(Tensor<I, 2>, Tensor<I, 1, Int>), AppError> {
+        Ok((
+            Tensor::from_data(x.convert::<I::FloatElem>(), &self.device),
+            Tensor::from_data(y.convert::<I::IntElem>(), &self.device),
+        ))
     }
     fn prepare_model(&self, model: ImdbMlp<Self::AD>) -> Result<ImdbMlp<Self::AD>, AppError> {
         Ok(model)
@@ -242,17 +285,30 @@ impl<I: Backend> Distributed<I> {
     ///
     /// # Errors
     /// Mesh parse errors, [`burn_dtensor::DTensorError::DeviceCountMismatch`].
-    pub fn new(mesh_spec: &str, devices: usize, device: I::Device, layout_map: LayoutMap) -> Result<Self, AppError> {
+    pub fn new(
+        mesh_spec: &str,
+        devices: usize,
+        device: I::Device,
+        layout_map: LayoutMap,
+    ) -> Result<Self, AppError> {
         let mesh = Mesh::parse(mesh_spec, vec![device; devices])?;
         let has = |a: &str| mesh.topology().axis_index(a).is_ok();
-        let spec = [if has("batch") { "batch" } else { UNSHARDED }, if has("feature") { "feature" } else { UNSHARDED }];
+        let spec = [
+            if has("batch") { "batch" } else { UNSHARDED },
+            if has("feature") { "feature" } else { UNSHARDED },
+        ];
         let input_layout = Layout::new(&mesh, spec)?;
         let label_layout = Layout::new(&mesh, [spec[0]])?;
         // Fail early on axes the map names but the mesh lacks.
         for r in layout_map.rules() {
             Layout::new(&mesh, &r.spec)?;
         }
-        Ok(Self { mesh, layout_map, input_layout, label_layout })
+        Ok(Self {
+            mesh,
+            layout_map,
+            input_layout,
+            label_layout,
+        })
     }
 }
 
@@ -261,13 +317,33 @@ impl<I: Backend> Placement for Distributed<I> {
     fn device(&self) -> DistributedDevice<I::Device> {
         DistributedDevice::new(self.mesh.clone())
     }
-    fn train_batch(&self, x: TensorData, y: TensorData) -> Result<(Tensor<Self::AD, 2>, Tensor<Self::AD, 1, Int>), AppError> {
+    fn train_batch(
+        &self,
+        x: TensorData,
+        y: TensorData,
+    ) -> Result<(Tensor<Self::AD, 2>, Tensor<Self::AD, 1, Int>), AppError> {
         let (x, y) = (x.convert::<I::FloatElem>(), y.convert::<I::IntElem>());
-        Ok((burn_dtensor::distribute(x, &self.mesh, &self.input_layout)?, burn_dtensor::distribute_int(y, &self.mesh, &self.label_layout)?))
+        Ok((
+            burn_dtensor::distribute(x, &self.mesh, &self.input_layout)?,
+            burn_dtensor::distribute_int(y, &self.mesh, &self.label_layout)?,
+        ))
     }
-    fn valid_batch(&self, x: TensorData, y: TensorData) -> Result<(Tensor<DistributedBackend<I>, 2>, Tensor<DistributedBackend<I>, 1, Int>), AppError> {
+    fn valid_batch(
+        &self,
+        x: TensorData,
+        y: TensorData,
+    ) -> Result<
+        (
+            Tensor<DistributedBackend<I>, 2>,
+            Tensor<DistributedBackend<I>, 1, Int>,
+        ),
+        AppError,
+    > {
         let (x, y) = (x.convert::<I::FloatElem>(), y.convert::<I::IntElem>());
-        Ok((burn_dtensor::distribute(x, &self.mesh, &self.input_layout)?, burn_dtensor::distribute_int(y, &self.mesh, &self.label_layout)?))
+        Ok((
+            burn_dtensor::distribute(x, &self.mesh, &self.input_layout)?,
+            burn_dtensor::distribute_int(y, &self.mesh, &self.label_layout)?,
+        ))
     }
     fn prepare_model(&self, model: ImdbMlp<Self::AD>) -> Result<ImdbMlp<Self::AD>, AppError> {
         Ok(self.layout_map.apply(model, self.mesh.topology())?.0)
@@ -340,14 +416,22 @@ pub struct CheckpointState {
 type Rec = NamedMpkFileRecorder<FullPrecisionSettings>;
 
 fn ck_err(path: &Path, e: impl std::fmt::Display) -> AppError {
-    AppError::Checkpoint { path: path.display().to_string(), reason: e.to_string() }
+    AppError::Checkpoint {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    }
 }
 
 /// Trains per `cfg` on `data` with placement `p`.
 ///
 /// # Errors
 /// Layout, checkpoint and configuration errors.
-pub fn train<P: Placement>(p: &P, cfg: &TrainConfig, data: &Prepared, progress: &mut dyn Progress) -> Result<(Summary, ImdbMlp<P::AD>), AppError> {
+pub fn train<P: Placement>(
+    p: &P,
+    cfg: &TrainConfig,
+    data: &Prepared,
+    progress: &mut dyn Progress,
+) -> Result<(Summary, ImdbMlp<P::AD>), AppError> {
     match cfg.optimizer {
         OptimizerKind::Sgd => train_with(p, cfg, data, progress, SgdConfig::new().init()),
         OptimizerKind::Adam => train_with(p, cfg, data, progress, AdamConfig::new().init()),
@@ -375,7 +459,11 @@ pub fn step<B: AutodiffBackend, O: Optimizer<ImdbMlp<B>, B>>(
 /// # Errors
 /// [`AppError::Config`] when `policy` is [`DropPolicy::Strict`] and `batch_axis` does not divide
 /// `batch_size`, or when `batch_size` is 0.
-pub fn check_batch(batch_size: usize, batch_axis: usize, policy: DropPolicy) -> Result<(), AppError> {
+pub fn check_batch(
+    batch_size: usize,
+    batch_axis: usize,
+    policy: DropPolicy,
+) -> Result<(), AppError> {
     if batch_size == 0 {
         return Err(AppError::Config("--batch-size must be at least 1".into()));
     }
@@ -403,12 +491,22 @@ fn train_with<P: Placement, O: Optimizer<ImdbMlp<P::AD>, P::AD>>(
     // Losses of the runs before a resumed checkpoint, carried into the checkpoints this run writes.
     let mut prior_losses = Vec::new();
     if let Some(dir) = &cfg.resume {
-        let st: CheckpointState = serde_json::from_str(&std::fs::read_to_string(dir.join("state.json")).map_err(|e| ck_err(dir, e))?).map_err(|e| ck_err(dir, e))?;
+        let st: CheckpointState = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("state.json")).map_err(|e| ck_err(dir, e))?,
+        )
+        .map_err(|e| ck_err(dir, e))?;
         if st.optimizer != cfg.optimizer {
-            return Err(AppError::Config(format!("checkpoint holds {:?} state but --optimizer is {:?}", st.optimizer, cfg.optimizer)));
+            return Err(AppError::Config(format!(
+                "checkpoint holds {:?} state but --optimizer is {:?}",
+                st.optimizer, cfg.optimizer
+            )));
         }
-        model = model.load_file(dir.join("model"), &recorder, &device).map_err(|e| ck_err(dir, e))?;
-        let rec = recorder.load(dir.join("optim").into(), &device).map_err(|e| ck_err(dir, e))?;
+        model = model
+            .load_file(dir.join("model"), &recorder, &device)
+            .map_err(|e| ck_err(dir, e))?;
+        let rec = recorder
+            .load(dir.join("optim").into(), &device)
+            .map_err(|e| ck_err(dir, e))?;
         optim = optim.load_record(rec);
         start_epoch = st.epochs_done;
         prior_losses = st.train_losses;
@@ -431,8 +529,13 @@ fn train_with<P: Placement, O: Optimizer<ImdbMlp<P::AD>, P::AD>>(
             let (x, y) = data.train.batch(idx);
             let (res, log) = record_comms(|| -> Result<_, AppError> {
                 let (x, y) = p.train_batch(x, y)?;
-                let (next, loss, logits) = step(model.clone(), &mut optim, x, y.clone(), cfg.lr, cfg.loss);
-                let loss_v = loss.into_scalar().to_string().parse::<f32>().unwrap_or(f32::NAN);
+                let (next, loss, logits) =
+                    step(model.clone(), &mut optim, x, y.clone(), cfg.lr, cfg.loss);
+                let loss_v = loss
+                    .into_scalar()
+                    .to_string()
+                    .parse::<f32>()
+                    .unwrap_or(f32::NAN);
                 let acc = correct(logits.detach(), y) as f32 / idx.len() as f32;
                 Ok((next, loss_v, acc))
             });
@@ -445,24 +548,46 @@ fn train_with<P: Placement, O: Optimizer<ImdbMlp<P::AD>, P::AD>>(
             losses.push(loss_v);
             progress.step(loss_v, acc);
         }
-        let test_acc = if cfg.eval { Some(evaluate(p, &model, &data.test)?) } else { None };
+        let test_acc = if cfg.eval {
+            Some(evaluate(p, &model, &data.test)?)
+        } else {
+            None
+        };
         if let Some(a) = test_acc {
             test_accs.push(a);
         }
         progress.epoch_end(epoch, test_acc, &comm);
         if let Some(dir) = &cfg.checkpoint_dir {
             std::fs::create_dir_all(dir).map_err(|e| ck_err(dir, e))?;
-            model.clone().save_file(dir.join("model"), &recorder).map_err(|e| ck_err(dir, e))?;
-            recorder.record(optim.to_record(), dir.join("optim")).map_err(|e| ck_err(dir, e))?;
+            model
+                .clone()
+                .save_file(dir.join("model"), &recorder)
+                .map_err(|e| ck_err(dir, e))?;
+            recorder
+                .record(optim.to_record(), dir.join("optim"))
+                .map_err(|e| ck_err(dir, e))?;
             let mut all = prior_losses.clone();
             all.extend_from_slice(&losses);
-            let st = CheckpointState { epochs_done: epoch + 1, mode: cfg.mode, optimizer: cfg.optimizer, train_losses: all };
-            std::fs::write(dir.join("state.json"), serde_json::to_string_pretty(&st).unwrap()).map_err(|e| ck_err(dir, e))?;
+            let st = CheckpointState {
+                epochs_done: epoch + 1,
+                mode: cfg.mode,
+                optimizer: cfg.optimizer,
+                train_losses: all,
+            };
+            std::fs::write(
+                dir.join("state.json"),
+                serde_json::to_string_pretty(&st).unwrap(),
+            )
+            .map_err(|e| ck_err(dir, e))?;
         }
     }
     let mut sorted = step_ms.clone();
     sorted.sort_by(f64::total_cmp);
-    let median = if sorted.is_empty() { 0.0 } else { sorted[sorted.len() / 2] };
+    let median = if sorted.is_empty() {
+        0.0
+    } else {
+        sorted[sorted.len() / 2]
+    };
     let summary = Summary {
         mode: cfg.mode,
         mesh: p.mesh_desc(),
@@ -483,7 +608,11 @@ fn train_with<P: Placement, O: Optimizer<ImdbMlp<P::AD>, P::AD>>(
 ///
 /// # Errors
 /// Layout errors.
-pub fn evaluate<P: Placement>(p: &P, model: &ImdbMlp<P::AD>, set: &VectorizedSet) -> Result<f64, AppError> {
+pub fn evaluate<P: Placement>(
+    p: &P,
+    model: &ImdbMlp<P::AD>,
+    set: &VectorizedSet,
+) -> Result<f64, AppError> {
     let m = model.valid();
     let idx: Vec<usize> = (0..set.labels.len()).collect();
     let mut ok = 0;
@@ -501,8 +630,14 @@ pub fn evaluate<P: Placement>(p: &P, model: &ImdbMlp<P::AD>, set: &VectorizedSet
 ///
 /// # Errors
 /// Write errors.
-pub fn export<B: Backend>(model: ImdbMlp<B>, vectorizer: &TfIdfVectorizer, file: &Path) -> Result<(), AppError> {
-    model.save_file(file.to_path_buf(), &Rec::new()).map_err(|e| ck_err(file, e))?;
+pub fn export<B: Backend>(
+    model: ImdbMlp<B>,
+    vectorizer: &TfIdfVectorizer,
+    file: &Path,
+) -> Result<(), AppError> {
+    model
+        .save_file(file.to_path_buf(), &Rec::new())
+        .map_err(|e| ck_err(file, e))?;
     vectorizer.save(&vectorizer_path(file))?;
     Ok(())
 }
@@ -518,8 +653,13 @@ pub fn vectorizer_path(file: &Path) -> PathBuf {
 ///
 /// # Errors
 /// Read errors.
-pub fn load_exported<B: Backend>(file: &Path, device: &B::Device) -> Result<(ImdbMlp<B>, TfIdfVectorizer), AppError> {
-    let model = ImdbMlp::<B>::new(device).load_file(file.to_path_buf(), &Rec::new(), device).map_err(|e| ck_err(file, e))?;
+pub fn load_exported<B: Backend>(
+    file: &Path,
+    device: &B::Device,
+) -> Result<(ImdbMlp<B>, TfIdfVectorizer), AppError> {
+    let model = ImdbMlp::<B>::new(device)
+        .load_file(file.to_path_buf(), &Rec::new(), device)
+        .map_err(|e| ck_err(file, e))?;
     let v = TfIdfVectorizer::load(&vectorizer_path(file))?;
     Ok((model, v))
 }

@@ -1,11 +1,11 @@
 //! Bad inputs to the `imdb_mlp` command line give a typed error naming the fix (and, through
 //! the example binary, a non-zero exit).
 
+use burn_dtensor::DTensorError;
 use clap::Parser;
 use dtensor_imdb::cli::{Args, run_args};
 use dtensor_imdb::data::DataError;
 use dtensor_imdb::train::AppError;
-use burn_dtensor::DTensorError;
 
 fn tmp(name: &str, content: &[u8]) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("dtensor-cli-{}", std::process::id()));
@@ -25,47 +25,97 @@ fn run(args: &[&str]) -> Result<(), AppError> {
 fn missing_archive() {
     let e = run(&["--data", "/nonexistent/aclImdb_v1.tar.gz"]).unwrap_err();
     assert!(matches!(e, AppError::Data(_)), "{e}");
-    assert!(e.to_string().contains("/nonexistent/aclImdb_v1.tar.gz"), "{e}");
+    assert!(
+        e.to_string().contains("/nonexistent/aclImdb_v1.tar.gz"),
+        "{e}"
+    );
 }
 
 #[test]
 fn corrupt_archive() {
-    let p = tmp("corrupt.tar.gz", b"\x1f\x8b\x08\x00garbage that is not a gzip stream");
+    let p = tmp(
+        "corrupt.tar.gz",
+        b"\x1f\x8b\x08\x00garbage that is not a gzip stream",
+    );
     let e = run(&["--data", p.to_str().unwrap()]).unwrap_err();
-    assert!(matches!(e, AppError::Data(DataError::CorruptArchive { .. })), "{e}");
+    assert!(
+        matches!(e, AppError::Data(DataError::CorruptArchive { .. })),
+        "{e}"
+    );
 }
 
 #[test]
 fn malformed_layout_map_file() {
     let p = tmp("bad.toml", b"dense1.weight = [\"unsharded\", ");
     let e = run(&["--layout-map", p.to_str().unwrap(), "--mode", "model"]).unwrap_err();
-    assert!(matches!(e, AppError::Layout(DTensorError::LayoutMapFile { .. })), "{e}");
+    assert!(
+        matches!(e, AppError::Layout(DTensorError::LayoutMapFile { .. })),
+        "{e}"
+    );
 }
 
 #[test]
 fn layout_map_rule_matching_nothing() {
     let p = tmp("nomatch.toml", b"'^dense9' = [\"model\"]\n");
-    let e = run(&["--mode", "model", "--layout-map", p.to_str().unwrap(), "--data", "/nonexistent/never-read.tar.gz"]).unwrap_err();
-    assert!(matches!(&e, AppError::Layout(DTensorError::UnmatchedRule { patterns, .. }) if patterns.contains("dense9")), "{e}");
+    let e = run(&[
+        "--mode",
+        "model",
+        "--layout-map",
+        p.to_str().unwrap(),
+        "--data",
+        "/nonexistent/never-read.tar.gz",
+    ])
+    .unwrap_err();
+    assert!(
+        matches!(&e, AppError::Layout(DTensorError::UnmatchedRule { patterns, .. }) if patterns.contains("dense9")),
+        "{e}"
+    );
 }
 
 #[test]
 fn mesh_size_not_matching_devices() {
     let e = run(&["--mesh", "batch=4,model=2", "--devices", "6"]).unwrap_err();
-    assert!(matches!(e, AppError::Layout(DTensorError::DeviceCountMismatch { expected: 8, given: 6, .. })), "{e}");
+    assert!(
+        matches!(
+            e,
+            AppError::Layout(DTensorError::DeviceCountMismatch {
+                expected: 8,
+                given: 6,
+                ..
+            })
+        ),
+        "{e}"
+    );
 }
 
 #[test]
 fn layout_naming_unknown_axis() {
-    let p = tmp("unknown.toml", b"'dense1\\.weight' = [\"unsharded\", \"tensor\"]\n");
+    let p = tmp(
+        "unknown.toml",
+        b"'dense1\\.weight' = [\"unsharded\", \"tensor\"]\n",
+    );
     let e = run(&["--mode", "model", "--layout-map", p.to_str().unwrap()]).unwrap_err();
-    assert!(matches!(e, AppError::Layout(DTensorError::UnknownAxis { .. })), "{e}");
+    assert!(
+        matches!(e, AppError::Layout(DTensorError::UnknownAxis { .. })),
+        "{e}"
+    );
 }
 
 #[test]
 fn batch_size_unshardable_under_strict_policy() {
-    let e = run(&["--mode", "data", "--batch-size", "60", "--drop-policy", "strict"]).unwrap_err();
-    assert!(matches!(&e, AppError::Config(m) if m.contains("not divisible by the batch axis (8)")), "{e}");
+    let e = run(&[
+        "--mode",
+        "data",
+        "--batch-size",
+        "60",
+        "--drop-policy",
+        "strict",
+    ])
+    .unwrap_err();
+    assert!(
+        matches!(&e, AppError::Config(m) if m.contains("not divisible by the batch axis (8)")),
+        "{e}"
+    );
 }
 
 /// The example binary exits non-zero with the message on stderr (skipped when the example was
@@ -73,12 +123,21 @@ fn batch_size_unshardable_under_strict_policy() {
 #[test]
 fn example_binary_exits_non_zero() {
     let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().join("examples").join(format!("imdb_mlp{}", std::env::consts::EXE_SUFFIX));
+    let bin = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join(format!("imdb_mlp{}", std::env::consts::EXE_SUFFIX));
     if !bin.exists() {
         println!("skipped: {} not built", bin.display());
         return;
     }
-    let out = std::process::Command::new(&bin).args(["--mesh", "batch=3", "--devices", "8"]).output().unwrap();
+    let out = std::process::Command::new(&bin)
+        .args(["--mesh", "batch=3", "--devices", "8"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("device count mismatch"), "{err}");

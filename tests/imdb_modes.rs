@@ -7,15 +7,27 @@ use std::sync::OnceLock;
 
 use burn::backend::NdArray;
 use burn_dtensor::{DTensorError, LayoutMap};
-use dtensor_imdb::train::{self, AppError, Distributed, Mode, OptimizerKind, Placement, Prepared, Quiet, Single, TrainConfig};
+use dtensor_imdb::train::{
+    self, AppError, Distributed, Mode, OptimizerKind, Placement, Prepared, Quiet, Single,
+    TrainConfig,
+};
 
 fn data() -> Option<&'static Prepared> {
     static D: OnceLock<Option<Prepared>> = OnceLock::new();
-    D.get_or_init(|| common::archive().map(|p| train::prepare(&p).expect("preparing the real data"))).as_ref()
+    D.get_or_init(|| {
+        common::archive().map(|p| train::prepare(&p).expect("preparing the real data"))
+    })
+    .as_ref()
 }
 
 fn placement<I: burn::tensor::backend::Backend>(mode: Mode) -> Distributed<I> {
-    Distributed::new(mode.default_mesh(), 8, Default::default(), LayoutMap::from_toml_str(mode.default_layout_map()).unwrap()).unwrap()
+    Distributed::new(
+        mode.default_mesh(),
+        8,
+        Default::default(),
+        LayoutMap::from_toml_str(mode.default_layout_map()).unwrap(),
+    )
+    .unwrap()
 }
 
 /// NdArray's seeded RNG is process-global: runs that seed and draw weights must not interleave.
@@ -25,18 +37,45 @@ fn run(mode: Mode, cfg: &TrainConfig, data: &Prepared) -> Vec<f32> {
     run_on::<NdArray>(mode, cfg, data)
 }
 
-fn run_on<I: burn::tensor::backend::Backend>(mode: Mode, cfg: &TrainConfig, data: &Prepared) -> Vec<f32> {
+fn run_on<I: burn::tensor::backend::Backend>(
+    mode: Mode,
+    cfg: &TrainConfig,
+    data: &Prepared,
+) -> Vec<f32> {
     let _guard = RNG_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let cfg = TrainConfig { mode, ..cfg.clone() };
+    let cfg = TrainConfig {
+        mode,
+        ..cfg.clone()
+    };
     match mode {
-        Mode::Single => train::train(&Single::<I> { device: Default::default() }, &cfg, data, &mut Quiet).unwrap().0.train_losses,
-        m => train::train(&placement::<I>(m), &cfg, data, &mut Quiet).unwrap().0.train_losses,
+        Mode::Single => {
+            train::train(
+                &Single::<I> {
+                    device: Default::default(),
+                },
+                &cfg,
+                data,
+                &mut Quiet,
+            )
+            .unwrap()
+            .0
+            .train_losses
+        }
+        m => {
+            train::train(&placement::<I>(m), &cfg, data, &mut Quiet)
+                .unwrap()
+                .0
+                .train_losses
+        }
     }
 }
 
 fn max_rel(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs() / x.abs().max(1e-6)).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() / x.abs().max(1e-6))
+        .fold(0.0, f32::max)
 }
 
 /// Data, model and spatial mode give the single-device losses, step by step (Adam, mean loss,
@@ -44,10 +83,20 @@ fn max_rel(a: &[f32], b: &[f32]) -> f32 {
 #[test]
 fn modes_match_single_device_losses() {
     let Some(data) = data() else { return };
-    let cfg = TrainConfig { epochs: 1, max_steps: Some(100), eval: false, ..TrainConfig::default() };
+    let cfg = TrainConfig {
+        epochs: 1,
+        max_steps: Some(100),
+        eval: false,
+        ..TrainConfig::default()
+    };
     let single = run(Mode::Single, &cfg, data);
     assert_eq!(single.len(), 100);
-    assert!(single[99] < single[0] * 0.8, "training must make progress: {} -> {}", single[0], single[99]);
+    assert!(
+        single[99] < single[0] * 0.8,
+        "training must make progress: {} -> {}",
+        single[0],
+        single[99]
+    );
     for mode in [Mode::Data, Mode::Model, Mode::Spatial] {
         let l = run(mode, &cfg, data);
         // Per-shard sums reassociate f32 additions; BatchNorm's 1/sqrt(var + eps) on nearly-dead
@@ -55,7 +104,9 @@ fn modes_match_single_device_losses() {
         // first 10 steps agree to 1e-4 relative, all 100 to 1e-3.
         let early = max_rel(&single[..10], &l[..10]);
         let all = max_rel(&single, &l);
-        println!("{mode:?}: max relative loss difference {early:.2e} (10 steps), {all:.2e} (100 steps)");
+        println!(
+            "{mode:?}: max relative loss difference {early:.2e} (10 steps), {all:.2e} (100 steps)"
+        );
         assert!(early < 1e-4, "{mode:?}: {early}");
         assert!(all < 1e-3, "{mode:?}: {all}");
     }
@@ -66,18 +117,57 @@ fn modes_match_single_device_losses() {
 #[test]
 fn checkpoint_flow_across_modes() {
     let Some(data) = data() else { return };
-    let base = TrainConfig { max_steps: Some(8), eval: false, optimizer: OptimizerKind::Adam, ..TrainConfig::default() };
-    let unbroken = run(Mode::Single, &TrainConfig { epochs: 3, ..base.clone() }, data);
+    let base = TrainConfig {
+        max_steps: Some(8),
+        eval: false,
+        optimizer: OptimizerKind::Adam,
+        ..TrainConfig::default()
+    };
+    let unbroken = run(
+        Mode::Single,
+        &TrainConfig {
+            epochs: 3,
+            ..base.clone()
+        },
+        data,
+    );
     assert_eq!(unbroken.len(), 24);
     let dir = std::env::temp_dir().join(format!("dtensor-ckpt-{}", std::process::id()));
     let (d1, d2) = (dir.join("e1"), dir.join("e2"));
-    let l1 = run(Mode::Data, &TrainConfig { epochs: 1, checkpoint_dir: Some(d1.clone()), ..base.clone() }, data);
-    let l2 = run(Mode::Model, &TrainConfig { epochs: 2, resume: Some(d1), checkpoint_dir: Some(d2.clone()), ..base.clone() }, data);
-    let l3 = run(Mode::Spatial, &TrainConfig { epochs: 3, resume: Some(d2), ..base.clone() }, data);
+    let l1 = run(
+        Mode::Data,
+        &TrainConfig {
+            epochs: 1,
+            checkpoint_dir: Some(d1.clone()),
+            ..base.clone()
+        },
+        data,
+    );
+    let l2 = run(
+        Mode::Model,
+        &TrainConfig {
+            epochs: 2,
+            resume: Some(d1),
+            checkpoint_dir: Some(d2.clone()),
+            ..base.clone()
+        },
+        data,
+    );
+    let l3 = run(
+        Mode::Spatial,
+        &TrainConfig {
+            epochs: 3,
+            resume: Some(d2),
+            ..base.clone()
+        },
+        data,
+    );
     assert_eq!((l1.len(), l2.len(), l3.len()), (8, 8, 8));
     let resumed: Vec<f32> = [l1, l2, l3].concat();
     let diff = max_rel(&unbroken, &resumed);
-    println!("resumed data -> model -> spatial vs unbroken single: max relative loss difference {diff:.2e}");
+    println!(
+        "resumed data -> model -> spatial vs unbroken single: max relative loss difference {diff:.2e}"
+    );
     assert!(diff < 1e-3, "{diff}");
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -85,20 +175,51 @@ fn checkpoint_flow_across_modes() {
 #[test]
 fn bad_mesh_and_layout_inputs_are_typed_errors() {
     // Mesh size that does not match the device count.
-    let e = Distributed::<NdArray>::new("batch=4,model=2", 6, Default::default(), LayoutMap::new()).err().unwrap();
-    assert!(matches!(e, AppError::Layout(DTensorError::DeviceCountMismatch { expected: 8, given: 6, .. })), "{e}");
+    let e = Distributed::<NdArray>::new("batch=4,model=2", 6, Default::default(), LayoutMap::new())
+        .err()
+        .unwrap();
+    assert!(
+        matches!(
+            e,
+            AppError::Layout(DTensorError::DeviceCountMismatch {
+                expected: 8,
+                given: 6,
+                ..
+            })
+        ),
+        "{e}"
+    );
     // A layout naming an unknown axis.
     let map = LayoutMap::from_toml_str("'dense1\\.weight' = [\"unsharded\", \"tensor\"]").unwrap();
-    let e = Distributed::<NdArray>::new("batch=4,model=2", 8, Default::default(), map).err().unwrap();
-    assert!(matches!(e, AppError::Layout(DTensorError::UnknownAxis { .. })), "{e}");
+    let e = Distributed::<NdArray>::new("batch=4,model=2", 8, Default::default(), map)
+        .err()
+        .unwrap();
+    assert!(
+        matches!(e, AppError::Layout(DTensorError::UnknownAxis { .. })),
+        "{e}"
+    );
     assert!(e.to_string().contains("batch, model"), "{e}");
     // Malformed layout-map files.
-    assert!(matches!(LayoutMap::from_toml_str("dense1 = "), Err(DTensorError::LayoutMapFile { .. })));
-    assert!(matches!(LayoutMap::from_toml_str("'(' = [\"model\"]"), Err(DTensorError::InvalidRegex { .. })));
-    assert!(matches!(LayoutMap::from_file("/nonexistent/map.toml"), Err(DTensorError::LayoutMapFile { .. })));
+    assert!(matches!(
+        LayoutMap::from_toml_str("dense1 = "),
+        Err(DTensorError::LayoutMapFile { .. })
+    ));
+    assert!(matches!(
+        LayoutMap::from_toml_str("'(' = [\"model\"]"),
+        Err(DTensorError::InvalidRegex { .. })
+    ));
+    assert!(matches!(
+        LayoutMap::from_file("/nonexistent/map.toml"),
+        Err(DTensorError::LayoutMapFile { .. })
+    ));
     // Malformed mesh text.
-    let e = Distributed::<NdArray>::new("batch:4", 4, Default::default(), LayoutMap::new()).err().unwrap();
-    assert!(matches!(e, AppError::Layout(DTensorError::MeshParse { .. })), "{e}");
+    let e = Distributed::<NdArray>::new("batch:4", 4, Default::default(), LayoutMap::new())
+        .err()
+        .unwrap();
+    assert!(
+        matches!(e, AppError::Layout(DTensorError::MeshParse { .. })),
+        "{e}"
+    );
 }
 
 /// `--export` then `imdb_predict`'s loader: the exported single-device model (no layouts)
@@ -110,16 +231,32 @@ fn export_then_predict_on_a_plain_backend() {
     let Some(data) = data() else { return };
     let _guard = RNG_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let p = placement::<NdArray>(Mode::Model);
-    let cfg = TrainConfig { mode: Mode::Model, epochs: 1, max_steps: Some(30), eval: false, ..TrainConfig::default() };
+    let cfg = TrainConfig {
+        mode: Mode::Model,
+        epochs: 1,
+        max_steps: Some(30),
+        eval: false,
+        ..TrainConfig::default()
+    };
     let (_, model) = train::train(&p, &cfg, data, &mut Quiet).unwrap();
     let file = std::env::temp_dir().join(format!("dtensor-export-{}", std::process::id()));
     train::export(model.valid(), &data.vectorizer, &file).unwrap();
     let (plain, vectorizer) = train::load_exported::<NdArray>(&file, &Default::default()).unwrap();
-    let texts = ["A wonderful, moving film with a brilliant cast.", "Dull, far too long, and the acting is terrible."];
+    let texts = [
+        "A wonderful, moving film with a brilliant cast.",
+        "Dull, far too long, and the acting is terrible.",
+    ];
     let m = vectorizer.transform(&texts);
     let x = TensorData::new(m.values, [m.rows, m.cols]);
-    let got = plain.forward(Tensor::<NdArray, 2>::from_data(x.clone(), &Default::default())).into_data();
-    let (xd, _) = p.valid_batch(x, TensorData::new(vec![0i64, 0], [2])).unwrap();
+    let got = plain
+        .forward(Tensor::<NdArray, 2>::from_data(
+            x.clone(),
+            &Default::default(),
+        ))
+        .into_data();
+    let (xd, _) = p
+        .valid_batch(x, TensorData::new(vec![0i64, 0], [2]))
+        .unwrap();
     let want = model.valid().forward(xd).into_data();
     got.assert_approx_eq::<f32>(&want, burn::tensor::Tolerance::default());
     let _ = std::fs::remove_file(file.with_extension("mpk"));

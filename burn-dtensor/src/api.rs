@@ -50,12 +50,20 @@ pub trait DistributedOps: Backend {
     ///
     /// # Errors
     /// Mesh or rank mismatch.
-    fn float_distribute(data: TensorData, mesh: &Mesh<<Self::Inner as burn::tensor::backend::BackendTypes>::Device>, layout: &Layout) -> Result<FloatTensor<Self>>;
+    fn float_distribute(
+        data: TensorData,
+        mesh: &Mesh<<Self::Inner as burn::tensor::backend::BackendTypes>::Device>,
+        layout: &Layout,
+    ) -> Result<FloatTensor<Self>>;
     /// An int tensor from host data, each device receiving only its chunk.
     ///
     /// # Errors
     /// Mesh or rank mismatch.
-    fn int_distribute(data: TensorData, mesh: &Mesh<<Self::Inner as burn::tensor::backend::BackendTypes>::Device>, layout: &Layout) -> Result<IntTensor<Self>>;
+    fn int_distribute(
+        data: TensorData,
+        mesh: &Mesh<<Self::Inner as burn::tensor::backend::BackendTypes>::Device>,
+        layout: &Layout,
+    ) -> Result<IntTensor<Self>>;
     /// The distributed primitive under a float tensor (no copy).
     fn float_dtensor(t: FloatTensor<Self>) -> DTensor<FloatTensor<Self::Inner>>;
 }
@@ -77,10 +85,18 @@ impl<B: Backend> DistributedOps for DistributedBackend<B> {
     fn int_relayout(t: IntTensor<Self>, layout: &Layout) -> Result<IntTensor<Self>> {
         redistribute::<B, IntKind>(t, layout)
     }
-    fn float_distribute(data: TensorData, mesh: &Mesh<B::Device>, layout: &Layout) -> Result<FloatTensor<Self>> {
+    fn float_distribute(
+        data: TensorData,
+        mesh: &Mesh<B::Device>,
+        layout: &Layout,
+    ) -> Result<FloatTensor<Self>> {
         common::distribute::<B, FloatKind>(data, mesh, layout)
     }
-    fn int_distribute(data: TensorData, mesh: &Mesh<B::Device>, layout: &Layout) -> Result<IntTensor<Self>> {
+    fn int_distribute(
+        data: TensorData,
+        mesh: &Mesh<B::Device>,
+        layout: &Layout,
+    ) -> Result<IntTensor<Self>> {
         common::distribute::<B, IntKind>(data, mesh, layout)
     }
     fn float_dtensor(t: FloatTensor<Self>) -> DTensor<FloatTensor<B>> {
@@ -121,18 +137,29 @@ pub fn describe<B: DistributedOps, const D: usize>(t: &Tensor<B, D>) -> String {
 /// # Errors
 /// [`DTensorError::MeshMismatch`] when `layout` is on another mesh, [`DTensorError::RankMismatch`]
 /// when its rank is not `D`.
-pub fn relayout<B: DistributedOps, const D: usize>(t: Tensor<B, D>, layout: &Layout) -> Result<Tensor<B, D>> {
+pub fn relayout<B: DistributedOps, const D: usize>(
+    t: Tensor<B, D>,
+    layout: &Layout,
+) -> Result<Tensor<B, D>> {
     layout.check_rank(D)?;
-    Ok(Tensor::from_primitive(TensorPrimitive::Float(B::float_relayout(float_prim(t), layout)?)))
+    Ok(Tensor::from_primitive(TensorPrimitive::Float(
+        B::float_relayout(float_prim(t), layout)?,
+    )))
 }
 
 /// [`relayout`] for int tensors (e.g. labels).
 ///
 /// # Errors
 /// As [`relayout`].
-pub fn relayout_int<B: DistributedOps, const D: usize>(t: Tensor<B, D, Int>, layout: &Layout) -> Result<Tensor<B, D, Int>> {
+pub fn relayout_int<B: DistributedOps, const D: usize>(
+    t: Tensor<B, D, Int>,
+    layout: &Layout,
+) -> Result<Tensor<B, D, Int>> {
     layout.check_rank(D)?;
-    Ok(Tensor::from_primitive(B::int_relayout(t.into_primitive(), layout)?))
+    Ok(Tensor::from_primitive(B::int_relayout(
+        t.into_primitive(),
+        layout,
+    )?))
 }
 
 /// Sends a host tensor to the mesh with each device receiving only its own chunk under `layout`
@@ -141,29 +168,54 @@ pub fn relayout_int<B: DistributedOps, const D: usize>(t: Tensor<B, D, Int>, lay
 /// # Errors
 /// [`DTensorError::RankMismatch`] when `data`'s rank is not `D` or not the layout's,
 /// [`DTensorError::MeshMismatch`] when `layout` is on another mesh.
-pub fn distribute<B: DistributedOps, const D: usize>(data: TensorData, mesh: &Mesh<<B::Inner as burn::tensor::backend::BackendTypes>::Device>, layout: &Layout) -> Result<Tensor<B, D>> {
+pub fn distribute<B: DistributedOps, const D: usize>(
+    data: TensorData,
+    mesh: &Mesh<<B::Inner as burn::tensor::backend::BackendTypes>::Device>,
+    layout: &Layout,
+) -> Result<Tensor<B, D>> {
     if data.rank() != D {
-        return Err(DTensorError::RankMismatch { layout_rank: D, tensor_rank: data.rank() });
+        return Err(DTensorError::RankMismatch {
+            layout_rank: D,
+            tensor_rank: data.rank(),
+        });
     }
-    Ok(Tensor::from_primitive(TensorPrimitive::Float(B::float_distribute(data, mesh, layout)?)))
+    Ok(Tensor::from_primitive(TensorPrimitive::Float(
+        B::float_distribute(data, mesh, layout)?,
+    )))
 }
 
 /// [`distribute`] for int tensors.
 ///
 /// # Errors
 /// As [`distribute`].
-pub fn distribute_int<B: DistributedOps, const D: usize>(data: TensorData, mesh: &Mesh<<B::Inner as burn::tensor::backend::BackendTypes>::Device>, layout: &Layout) -> Result<Tensor<B, D, Int>> {
+pub fn distribute_int<B: DistributedOps, const D: usize>(
+    data: TensorData,
+    mesh: &Mesh<<B::Inner as burn::tensor::backend::BackendTypes>::Device>,
+    layout: &Layout,
+) -> Result<Tensor<B, D, Int>> {
     if data.rank() != D {
-        return Err(DTensorError::RankMismatch { layout_rank: D, tensor_rank: data.rank() });
+        return Err(DTensorError::RankMismatch {
+            layout_rank: D,
+            tensor_rank: data.rank(),
+        });
     }
-    Ok(Tensor::from_primitive(B::int_distribute(data, mesh, layout)?))
+    Ok(Tensor::from_primitive(B::int_distribute(
+        data, mesh, layout,
+    )?))
 }
 
 /// The per-device shards of a float tensor on the inner backend (row-major over the mesh),
 /// each of the per-shard shape its layout implies. Partial layouts give the unreduced values.
-pub fn to_local_shards<B: DistributedOps, const D: usize>(t: Tensor<B, D>) -> Vec<Tensor<B::Inner, D>> {
-    let t = crate::stack::to_per_device::<B::Inner, crate::tensor::FloatKind>(B::float_dtensor(float_prim(t)));
-    t.shards.into_iter().map(|p| Tensor::from_primitive(TensorPrimitive::Float(p))).collect()
+pub fn to_local_shards<B: DistributedOps, const D: usize>(
+    t: Tensor<B, D>,
+) -> Vec<Tensor<B::Inner, D>> {
+    let t = crate::stack::to_per_device::<B::Inner, crate::tensor::FloatKind>(B::float_dtensor(
+        float_prim(t),
+    ));
+    t.shards
+        .into_iter()
+        .map(|p| Tensor::from_primitive(TensorPrimitive::Float(p)))
+        .collect()
 }
 
 /// Builds a distributed tensor of global shape `shape` from one inner tensor per mesh device
@@ -172,19 +224,33 @@ pub fn to_local_shards<B: DistributedOps, const D: usize>(t: Tensor<B, D>) -> Ve
 /// # Errors
 /// [`DTensorError::ShardCountMismatch`], [`DTensorError::ShardShapeMismatch`],
 /// [`DTensorError::RankMismatch`].
-pub fn from_local_shards<B: Backend, const D: usize>(shards: Vec<Tensor<B, D>>, shape: [usize; D], layout: &Layout) -> Result<Tensor<DistributedBackend<B>, D>> {
+pub fn from_local_shards<B: Backend, const D: usize>(
+    shards: Vec<Tensor<B, D>>,
+    shape: [usize; D],
+    layout: &Layout,
+) -> Result<Tensor<DistributedBackend<B>, D>> {
     layout.check_rank(D)?;
     let n = layout.mesh.size();
     if shards.len() != n {
-        return Err(DTensorError::ShardCountMismatch { expected: n, given: shards.len() });
+        return Err(DTensorError::ShardCountMismatch {
+            expected: n,
+            given: shards.len(),
+        });
     }
     let mut prims = Vec::with_capacity(n);
     for (i, s) in shards.into_iter().enumerate() {
         let expected = local_shape(layout, &shape, i);
         if s.dims().to_vec() != expected {
-            return Err(DTensorError::ShardShapeMismatch { index: i, found: s.dims().to_vec(), expected, global: shape.to_vec() });
+            return Err(DTensorError::ShardShapeMismatch {
+                index: i,
+                found: s.dims().to_vec(),
+                expected,
+                global: shape.to_vec(),
+            });
         }
         prims.push(float_prim(s));
     }
-    Ok(Tensor::from_primitive(TensorPrimitive::Float(DTensor::from_parts(shape.to_vec(), layout.clone(), prims))))
+    Ok(Tensor::from_primitive(TensorPrimitive::Float(
+        DTensor::from_parts(shape.to_vec(), layout.clone(), prims),
+    )))
 }

@@ -9,8 +9,8 @@ use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
-use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::TensorData;
+use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 
@@ -28,9 +28,16 @@ struct Relayout;
 impl<B: Backend> Backward<DistributedBackend<B>, 1> for Relayout {
     type State = Layout;
 
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+    fn backward(
+        self,
+        ops: Ops<Self::State, 1>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
         let back = ops.state.without_partial();
-        unary::<DistributedBackend<B>, _>(ops.parents, ops.node, grads, |grad| execute::<B, FloatKind>(grad, &back))
+        unary::<DistributedBackend<B>, _>(ops.parents, ops.node, grads, |grad| {
+            execute::<B, FloatKind>(grad, &back)
+        })
     }
 }
 
@@ -48,22 +55,41 @@ impl<B: Backend, C: CheckpointStrategy> DistributedOps for Autodiff<DistributedB
     fn float_relayout(t: FloatTensor<Self>, layout: &Layout) -> Result<FloatTensor<Self>> {
         let from = (*t.primitive.layout).clone();
         let out = redistribute::<B, FloatKind>(t.primitive.clone(), layout)?;
-        Ok(match Relayout.prepare::<C>([t.node.clone()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => prep.finish(from, out),
-            // Untracked input: a fresh leaf, so that callers may mark it as requiring grad.
-            OpsKind::UnTracked(_) => Self::from_inner(out),
-        })
+        Ok(
+            match Relayout
+                .prepare::<C>([t.node.clone()])
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => prep.finish(from, out),
+                // Untracked input: a fresh leaf, so that callers may mark it as requiring grad.
+                OpsKind::UnTracked(_) => Self::from_inner(out),
+            },
+        )
     }
     fn float_relayout_leaf(t: FloatTensor<Self>, layout: &Layout) -> Result<FloatTensor<Self>> {
-        Ok(Self::from_inner(redistribute::<B, FloatKind>(t.primitive, layout)?))
+        Ok(Self::from_inner(redistribute::<B, FloatKind>(
+            t.primitive,
+            layout,
+        )?))
     }
     fn int_relayout(t: IntTensor<Self>, layout: &Layout) -> Result<IntTensor<Self>> {
         DistributedBackend::<B>::int_relayout(t, layout)
     }
-    fn float_distribute(data: TensorData, mesh: &Mesh<B::Device>, layout: &Layout) -> Result<FloatTensor<Self>> {
-        Ok(Self::from_inner(DistributedBackend::<B>::float_distribute(data, mesh, layout)?))
+    fn float_distribute(
+        data: TensorData,
+        mesh: &Mesh<B::Device>,
+        layout: &Layout,
+    ) -> Result<FloatTensor<Self>> {
+        Ok(Self::from_inner(DistributedBackend::<B>::float_distribute(
+            data, mesh, layout,
+        )?))
     }
-    fn int_distribute(data: TensorData, mesh: &Mesh<B::Device>, layout: &Layout) -> Result<IntTensor<Self>> {
+    fn int_distribute(
+        data: TensorData,
+        mesh: &Mesh<B::Device>,
+        layout: &Layout,
+    ) -> Result<IntTensor<Self>> {
         DistributedBackend::<B>::int_distribute(data, mesh, layout)
     }
     fn float_dtensor(t: FloatTensor<Self>) -> DTensor<FloatTensor<B>> {

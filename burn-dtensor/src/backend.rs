@@ -38,7 +38,11 @@ impl<B: Backend> BackendTypes for DistributedBackend<B> {
 
 impl<B: Backend> Backend for DistributedBackend<B> {
     fn name(device: &Self::Device) -> String {
-        format!("distributed<{}>[{}]", B::name(&device.mesh.devices()[0]), device.mesh)
+        format!(
+            "distributed<{}>[{}]",
+            B::name(&device.mesh.devices()[0]),
+            device.mesh
+        )
     }
     fn seed(device: &Self::Device, seed: u64) {
         for d in device.mesh.devices() {

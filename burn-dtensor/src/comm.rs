@@ -17,7 +17,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// The kinds of collective.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum CollectiveKind {
     /// Partial -> replicated.
@@ -65,7 +67,12 @@ thread_local! {
 pub(crate) fn record(kind: CollectiveKind, axis: &str, bytes: u64, shape: &[usize]) {
     SCOPES.with(|s| {
         for scope in s.borrow_mut().iter_mut() {
-            scope.push(CommEvent { kind, axis: axis.to_string(), bytes, shape: shape.to_vec() });
+            scope.push(CommEvent {
+                kind,
+                axis: axis.to_string(),
+                bytes,
+                shape: shape.to_vec(),
+            });
         }
     });
 }
@@ -93,12 +100,17 @@ impl CommDebugMode {
             s.push(Vec::new());
             s.len()
         });
-        Self { depth, finished: false }
+        Self {
+            depth,
+            finished: false,
+        }
     }
     /// Stops recording and returns what was recorded.
     pub fn finish(mut self) -> CommLog {
         self.finished = true;
-        CommLog { events: self.take() }
+        CommLog {
+            events: self.take(),
+        }
     }
     fn take(&self) -> Vec<CommEvent> {
         SCOPES.with(|s| {
@@ -139,7 +151,10 @@ impl CommLog {
     }
     /// Number of collectives of `kind` along `axis`.
     pub fn count_on(&self, kind: CollectiveKind, axis: &str) -> usize {
-        self.events.iter().filter(|e| e.kind == kind && e.axis == axis).count()
+        self.events
+            .iter()
+            .filter(|e| e.kind == kind && e.axis == axis)
+            .count()
     }
     /// Total bytes.
     pub fn total_bytes(&self) -> u64 {
@@ -167,7 +182,12 @@ impl fmt::Display for CommLog {
             .into_iter()
             .map(|((k, a), (n, b))| format!("{n}x {k}@{a} ({})", human_bytes(b)))
             .collect();
-        write!(f, "{} ({} total)", parts.join(", "), human_bytes(self.total_bytes()))
+        write!(
+            f,
+            "{} ({} total)",
+            parts.join(", "),
+            human_bytes(self.total_bytes())
+        )
     }
 }
 
@@ -180,5 +200,9 @@ pub fn human_bytes(b: u64) -> String {
         v /= 1024.0;
         u += 1;
     }
-    if u == 0 { format!("{b} B") } else { format!("{v:.1} {}", units[u]) }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", units[u])
+    }
 }

@@ -48,7 +48,8 @@ impl<D: fmt::Debug> fmt::Debug for DistributedDevice<D> {
 impl<D: DeviceOps> Default for DistributedDevice<D> {
     fn default() -> Self {
         // One cached default per inner device type: `Default` must give equal devices.
-        static DEFAULTS: OnceLock<std::sync::Mutex<Vec<Box<dyn std::any::Any + Send + Sync>>>> = OnceLock::new();
+        static DEFAULTS: OnceLock<std::sync::Mutex<Vec<Box<dyn std::any::Any + Send + Sync>>>> =
+            OnceLock::new();
         let reg = DEFAULTS.get_or_init(Default::default);
         let mut reg = reg.lock().unwrap();
         for e in reg.iter() {
@@ -64,8 +65,13 @@ impl<D: DeviceOps> Default for DistributedDevice<D> {
 
 impl<D: DeviceOps> Device for DistributedDevice<D> {
     fn from_id(id: DeviceId) -> Self {
-        assert_eq!(id.type_id, DISTRIBUTED_DEVICE_TYPE_ID, "not a burn-dtensor device id: {id}");
-        Self::new(Mesh::from_registry(id.index_id).unwrap_or_else(|| panic!("no mesh with id {} for this inner device type", id.index_id)))
+        assert_eq!(
+            id.type_id, DISTRIBUTED_DEVICE_TYPE_ID,
+            "not a burn-dtensor device id: {id}"
+        );
+        Self::new(Mesh::from_registry(id.index_id).unwrap_or_else(|| {
+            panic!("no mesh with id {} for this inner device type", id.index_id)
+        }))
     }
     fn to_id(&self) -> DeviceId {
         DeviceId::new(DISTRIBUTED_DEVICE_TYPE_ID, self.mesh.id())

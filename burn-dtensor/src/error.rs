@@ -10,7 +10,9 @@ use thiserror::Error;
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum DTensorError {
     /// A layout or redistribution names a mesh axis the mesh does not have.
-    #[error("unknown mesh axis `{axis}`: the mesh has axes [{available}]; use one of them or `unsharded`")]
+    #[error(
+        "unknown mesh axis `{axis}`: the mesh has axes [{available}]; use one of them or `unsharded`"
+    )]
     UnknownAxis {
         /// The offending name.
         axis: String,
@@ -18,7 +20,9 @@ pub enum DTensorError {
         available: String,
     },
     /// A mesh axis shards two tensor dims (or appears twice in a mesh definition).
-    #[error("mesh axis `{axis}` is used twice (dims {first} and {second}); each mesh axis may shard at most one tensor dim")]
+    #[error(
+        "mesh axis `{axis}` is used twice (dims {first} and {second}); each mesh axis may shard at most one tensor dim"
+    )]
     AxisUsedTwice {
         /// The axis.
         axis: String,
@@ -28,7 +32,9 @@ pub enum DTensorError {
         second: usize,
     },
     /// The layout's rank is not the tensor's rank.
-    #[error("rank mismatch: the layout has {layout_rank} dims but the tensor has rank {tensor_rank}; give one entry (`unsharded` or an axis name) per tensor dim")]
+    #[error(
+        "rank mismatch: the layout has {layout_rank} dims but the tensor has rank {tensor_rank}; give one entry (`unsharded` or an axis name) per tensor dim"
+    )]
     RankMismatch {
         /// Entries in the layout.
         layout_rank: usize,
@@ -36,7 +42,9 @@ pub enum DTensorError {
         tensor_rank: usize,
     },
     /// The product of the mesh axis sizes differs from the number of devices given.
-    #[error("device count mismatch: mesh shape {shape} needs {expected} devices but {given} were given (repeat a device to make virtual devices)")]
+    #[error(
+        "device count mismatch: mesh shape {shape} needs {expected} devices but {given} were given (repeat a device to make virtual devices)"
+    )]
     DeviceCountMismatch {
         /// Mesh shape, e.g. `batch=4, model=2`.
         shape: String,
@@ -46,7 +54,9 @@ pub enum DTensorError {
         given: usize,
     },
     /// A mesh axis of size zero, or an empty axis name.
-    #[error("invalid mesh axis `{axis}` of size {size}: axis names must be non-empty and sizes at least 1")]
+    #[error(
+        "invalid mesh axis `{axis}` of size {size}: axis names must be non-empty and sizes at least 1"
+    )]
     InvalidAxis {
         /// Axis name.
         axis: String,
@@ -54,7 +64,9 @@ pub enum DTensorError {
         size: usize,
     },
     /// Redistribution or an op between tensors that live on different meshes.
-    #[error("mesh mismatch: cannot relayout from mesh {from} to mesh {to}; layouts of one tensor must share its mesh (gather to the host with `into_data` and `distribute` onto the new mesh instead)")]
+    #[error(
+        "mesh mismatch: cannot relayout from mesh {from} to mesh {to}; layouts of one tensor must share its mesh (gather to the host with `into_data` and `distribute` onto the new mesh instead)"
+    )]
     MeshMismatch {
         /// Source mesh, displayed.
         from: String,
@@ -70,7 +82,9 @@ pub enum DTensorError {
         given: usize,
     },
     /// A local shard does not have the shape its layout implies.
-    #[error("shard {index} has shape {found:?} but the layout implies {expected:?} for global shape {global:?}")]
+    #[error(
+        "shard {index} has shape {found:?} but the layout implies {expected:?} for global shape {global:?}"
+    )]
     ShardShapeMismatch {
         /// Flat device index.
         index: usize,
@@ -82,7 +96,9 @@ pub enum DTensorError {
         global: Vec<usize>,
     },
     /// A mesh description string (`batch=4,model=2`) that does not parse.
-    #[error("cannot parse mesh `{spec}`: {reason}; write it as `axis=size,axis=size`, e.g. `batch=4,model=2`")]
+    #[error(
+        "cannot parse mesh `{spec}`: {reason}; write it as `axis=size,axis=size`, e.g. `batch=4,model=2`"
+    )]
     MeshParse {
         /// The string.
         spec: String,
@@ -98,7 +114,9 @@ pub enum DTensorError {
         reason: String,
     },
     /// A layout map rule that matched no parameter of the module.
-    #[error("layout map rule(s) matched no parameter: [{patterns}]; known parameter paths: [{paths}]")]
+    #[error(
+        "layout map rule(s) matched no parameter: [{patterns}]; known parameter paths: [{paths}]"
+    )]
     UnmatchedRule {
         /// The patterns that matched nothing.
         patterns: String,
@@ -106,7 +124,9 @@ pub enum DTensorError {
         paths: String,
     },
     /// A layout map rule matched a parameter whose rank differs from the rule's layout.
-    #[error("layout map rule `{pattern}` gives {layout_rank} dims but parameter `{path}` has rank {param_rank}")]
+    #[error(
+        "layout map rule `{pattern}` gives {layout_rank} dims but parameter `{path}` has rank {param_rank}"
+    )]
     RuleRankMismatch {
         /// Pattern.
         pattern: String,
@@ -118,7 +138,9 @@ pub enum DTensorError {
         param_rank: usize,
     },
     /// A layout map file that cannot be read or parsed.
-    #[error("cannot read layout map `{path}`: {reason}; expected TOML lines like `\"dense1\\\\.weight\" = [\"unsharded\", \"model\"]`")]
+    #[error(
+        "cannot read layout map `{path}`: {reason}; expected TOML lines like `\"dense1\\\\.weight\" = [\"unsharded\", \"model\"]`"
+    )]
     LayoutMapFile {
         /// File path.
         path: String,

@@ -33,7 +33,10 @@ fn for_each_run(shape: &[usize], ranges: &[Range<usize>], mut f: impl FnMut(usiz
     let count: usize = outer.iter().product();
     let mut idx = vec![0usize; rank - 1];
     for n in 0..count {
-        let src: usize = (0..rank - 1).map(|d| (ranges[d].start + idx[d]) * st[d]).sum::<usize>() + ranges[rank - 1].start;
+        let src: usize = (0..rank - 1)
+            .map(|d| (ranges[d].start + idx[d]) * st[d])
+            .sum::<usize>()
+            + ranges[rank - 1].start;
         f(src, n * inner, inner);
         for d in (0..rank - 1).rev() {
             idx[d] += 1;
@@ -47,7 +50,9 @@ fn for_each_run(shape: &[usize], ranges: &[Range<usize>], mut f: impl FnMut(usiz
 
 fn elem_size(data: &TensorData) -> Result<usize> {
     if matches!(data.dtype, burn::tensor::DType::QFloat(_)) {
-        return Err(DTensorError::Unsupported("quantized host data cannot be sharded; distribute it replicated".into()));
+        return Err(DTensorError::Unsupported(
+            "quantized host data cannot be sharded; distribute it replicated".into(),
+        ));
     }
     Ok(data.dtype.size())
 }
@@ -58,14 +63,20 @@ fn elem_size(data: &TensorData) -> Result<usize> {
 /// [`DTensorError::Unsupported`] for quantized data.
 pub fn extract(data: &TensorData, ranges: &[Range<usize>]) -> Result<TensorData> {
     let shape: Vec<usize> = data.shape.to_vec();
-    if ranges.iter().zip(&shape).all(|(r, &n)| r.start == 0 && r.end == n) {
+    if ranges
+        .iter()
+        .zip(&shape)
+        .all(|(r, &n)| r.start == 0 && r.end == n)
+    {
         return Ok(data.clone());
     }
     let es = elem_size(data)?;
     let src = data.as_bytes();
     let out_shape: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
     let mut out = vec![0u8; out_shape.iter().product::<usize>() * es];
-    for_each_run(&shape, ranges, |s, d, n| out[d * es..(d + n) * es].copy_from_slice(&src[s * es..(s + n) * es]));
+    for_each_run(&shape, ranges, |s, d, n| {
+        out[d * es..(d + n) * es].copy_from_slice(&src[s * es..(s + n) * es])
+    });
     Ok(TensorData::from_bytes_vec(out, out_shape, data.dtype))
 }
 
@@ -75,18 +86,27 @@ pub fn extract(data: &TensorData, ranges: &[Range<usize>]) -> Result<TensorData>
 ///
 /// # Errors
 /// [`DTensorError::Unsupported`] for quantized data.
-pub fn stack(data: TensorData, boxes: &[Vec<Range<usize>>], shape: Vec<usize>) -> Result<TensorData> {
+pub fn stack(
+    data: TensorData,
+    boxes: &[Vec<Range<usize>>],
+    shape: Vec<usize>,
+) -> Result<TensorData> {
     let whole: Vec<usize> = data.shape.to_vec();
     if consecutive(&whole, boxes) {
         // The boxes tile the buffer in order (a split of the leading dim): only the shape changes.
-        return Ok(TensorData { shape: shape.into(), ..data });
+        return Ok(TensorData {
+            shape: shape.into(),
+            ..data
+        });
     }
     let es = elem_size(&data)?;
     let src = data.as_bytes();
     let mut out = vec![0u8; shape.iter().product::<usize>() * es];
     let mut at = 0;
     for ranges in boxes {
-        for_each_run(&whole, ranges, |s, d, n| out[(at + d) * es..(at + d + n) * es].copy_from_slice(&src[s * es..(s + n) * es]));
+        for_each_run(&whole, ranges, |s, d, n| {
+            out[(at + d) * es..(at + d + n) * es].copy_from_slice(&src[s * es..(s + n) * es])
+        });
         at += ranges.iter().map(|r| r.len()).product::<usize>();
     }
     debug_assert_eq!(at * es, out.len(), "boxes must fill the stacked shape");
@@ -99,11 +119,22 @@ fn consecutive(shape: &[usize], boxes: &[Vec<Range<usize>>]) -> bool {
     let mut next = 0;
     for ranges in boxes {
         // Contiguous: every dim after the first one the box spans more than one index of is whole.
-        let first = ranges.iter().position(|r| r.len() > 1).unwrap_or(ranges.len());
-        if ranges.iter().zip(shape).skip(first + 1).any(|(r, &n)| r.start != 0 || r.end != n) {
+        let first = ranges
+            .iter()
+            .position(|r| r.len() > 1)
+            .unwrap_or(ranges.len());
+        if ranges
+            .iter()
+            .zip(shape)
+            .skip(first + 1)
+            .any(|(r, &n)| r.start != 0 || r.end != n)
+        {
             return false;
         }
-        let start = ranges.iter().zip(shape).fold(0, |acc, (r, &n)| acc * n + r.start);
+        let start = ranges
+            .iter()
+            .zip(shape)
+            .fold(0, |acc, (r, &n)| acc * n + r.start);
         if start != next {
             return false;
         }
@@ -116,9 +147,18 @@ fn consecutive(shape: &[usize], boxes: &[Vec<Range<usize>>]) -> bool {
 ///
 /// # Errors
 /// [`DTensorError::Unsupported`] for quantized data.
-pub fn assemble(shape: &[usize], pieces: Vec<(Vec<Range<usize>>, TensorData)>) -> Result<TensorData> {
+pub fn assemble(
+    shape: &[usize],
+    pieces: Vec<(Vec<Range<usize>>, TensorData)>,
+) -> Result<TensorData> {
     let dtype = pieces[0].1.dtype;
-    if pieces.len() == 1 && pieces[0].0.iter().zip(shape).all(|(r, &n)| r.start == 0 && r.end == n) {
+    if pieces.len() == 1
+        && pieces[0]
+            .0
+            .iter()
+            .zip(shape)
+            .all(|(r, &n)| r.start == 0 && r.end == n)
+    {
         return Ok(pieces.into_iter().next().unwrap().1);
     }
     let es = elem_size(&pieces[0].1)?;
@@ -126,7 +166,8 @@ pub fn assemble(shape: &[usize], pieces: Vec<(Vec<Range<usize>>, TensorData)>) -
     for (ranges, data) in &pieces {
         let src = data.as_bytes();
         for_each_run(shape, ranges, |dst_off, piece_off, n| {
-            out[dst_off * es..(dst_off + n) * es].copy_from_slice(&src[piece_off * es..(piece_off + n) * es]);
+            out[dst_off * es..(dst_off + n) * es]
+                .copy_from_slice(&src[piece_off * es..(piece_off + n) * es]);
         });
     }
     Ok(TensorData::from_bytes_vec(out, shape.to_vec(), dtype))
@@ -143,15 +184,28 @@ mod tests {
     /// Row blocks tile the buffer in order (no copy); column blocks are gathered box by box.
     #[test]
     fn stack_lays_out_boxes_one_after_the_other() {
-        let rows = super::stack(grid(), &[vec![0..2, 0..3], vec![2..4, 0..3]], vec![2, 2, 3]).unwrap();
-        assert!(super::consecutive(&[4, 3], &[vec![0..2, 0..3], vec![2..4, 0..3]]));
+        let rows =
+            super::stack(grid(), &[vec![0..2, 0..3], vec![2..4, 0..3]], vec![2, 2, 3]).unwrap();
+        assert!(super::consecutive(
+            &[4, 3],
+            &[vec![0..2, 0..3], vec![2..4, 0..3]]
+        ));
         assert_eq!(rows.shape.to_vec(), vec![2, 2, 3]);
-        assert_eq!(rows.to_vec::<f32>().unwrap(), (0..12).map(|v| v as f32).collect::<Vec<_>>());
+        assert_eq!(
+            rows.to_vec::<f32>().unwrap(),
+            (0..12).map(|v| v as f32).collect::<Vec<_>>()
+        );
         let boxes = [vec![0..4, 0..1], vec![0..4, 1..2], vec![0..4, 2..3]];
         assert!(!super::consecutive(&[4, 3], &boxes));
         let cols = super::stack(grid(), &boxes, vec![3, 4, 1]).unwrap();
-        assert_eq!(cols.to_vec::<f32>().unwrap(), vec![0., 3., 6., 9., 1., 4., 7., 10., 2., 5., 8., 11.]);
+        assert_eq!(
+            cols.to_vec::<f32>().unwrap(),
+            vec![0., 3., 6., 9., 1., 4., 7., 10., 2., 5., 8., 11.]
+        );
         // Out of order: not consecutive.
-        assert!(!super::consecutive(&[4, 3], &[vec![2..4, 0..3], vec![0..2, 0..3]]));
+        assert!(!super::consecutive(
+            &[4, 3],
+            &[vec![2..4, 0..3], vec![0..2, 0..3]]
+        ));
     }
 }

@@ -60,7 +60,10 @@ impl Layout {
     /// # Errors
     /// [`DTensorError::UnknownAxis`] for a name the mesh lacks, [`DTensorError::AxisUsedTwice`]
     /// when an axis shards two dims.
-    pub fn new<D, S: AsRef<str>>(mesh: &Mesh<D>, spec: impl IntoIterator<Item = S>) -> Result<Self> {
+    pub fn new<D, S: AsRef<str>>(
+        mesh: &Mesh<D>,
+        spec: impl IntoIterator<Item = S>,
+    ) -> Result<Self> {
         Self::from_topology(mesh.topology(), spec)
     }
 
@@ -68,7 +71,10 @@ impl Layout {
     ///
     /// # Errors
     /// As [`Layout::new`].
-    pub fn from_topology<S: AsRef<str>>(mesh: &Arc<MeshTopology>, spec: impl IntoIterator<Item = S>) -> Result<Self> {
+    pub fn from_topology<S: AsRef<str>>(
+        mesh: &Arc<MeshTopology>,
+        spec: impl IntoIterator<Item = S>,
+    ) -> Result<Self> {
         let mut dims = Vec::new();
         for (d, s) in spec.into_iter().enumerate() {
             let s = s.as_ref();
@@ -78,11 +84,19 @@ impl Layout {
             }
             let a = mesh.axis_index(s)?;
             if let Some(prev) = dims.iter().position(|x| *x == Some(a)) {
-                return Err(DTensorError::AxisUsedTwice { axis: s.to_string(), first: prev, second: d });
+                return Err(DTensorError::AxisUsedTwice {
+                    axis: s.to_string(),
+                    first: prev,
+                    second: d,
+                });
             }
             dims.push(Some(a));
         }
-        Ok(Self { mesh: mesh.clone(), partial: smallvec::smallvec![None; mesh.ndim()], dims: dims.into() })
+        Ok(Self {
+            mesh: mesh.clone(),
+            partial: smallvec::smallvec![None; mesh.ndim()],
+            dims: dims.into(),
+        })
     }
 
     /// Every dim unsharded (each device holds the whole tensor).
@@ -91,13 +105,21 @@ impl Layout {
     }
 
     pub(crate) fn replicated_on(mesh: &Arc<MeshTopology>, rank: usize) -> Self {
-        Self { mesh: mesh.clone(), dims: smallvec::smallvec![None; rank], partial: smallvec::smallvec![None; mesh.ndim()] }
+        Self {
+            mesh: mesh.clone(),
+            dims: smallvec::smallvec![None; rank],
+            partial: smallvec::smallvec![None; mesh.ndim()],
+        }
     }
 
     /// [`Layout::replicated_on`] `layout`'s mesh for a rank-`rank` tensor: `layout` itself when it
     /// already is that layout (no allocation: the one-device path's common case).
     pub(crate) fn replicated_like(layout: Arc<Self>, rank: usize) -> Arc<Self> {
-        if layout.rank() == rank && layout.is_replicated() { layout } else { Arc::new(Self::replicated_on(&layout.mesh, rank)) }
+        if layout.rank() == rank && layout.is_replicated() {
+            layout
+        } else {
+            Arc::new(Self::replicated_on(&layout.mesh, rank))
+        }
     }
 
     /// Dim 0 sharded over `axis`, the rest unsharded (TensorFlow DTensor's `Layout.batch_sharded`).
@@ -117,7 +139,13 @@ impl Layout {
     /// the layout of a reduction's output.
     pub fn delete(&self, dims: &[usize]) -> Self {
         let mut l = self.clone();
-        l.dims = self.dims.iter().enumerate().filter(|(d, _)| !dims.contains(d)).map(|(_, s)| *s).collect();
+        l.dims = self
+            .dims
+            .iter()
+            .enumerate()
+            .filter(|(d, _)| !dims.contains(d))
+            .map(|(_, s)| *s)
+            .collect();
         l
     }
 
@@ -164,7 +192,10 @@ impl Layout {
     /// # Panics
     /// When axis `a` also shards a dim (an axis is either sharding or pending, never both).
     pub fn with_partial(mut self, a: usize, op: ReduceOp) -> Self {
-        assert!(self.axis_dim(a).is_none(), "mesh axis {a} cannot be both sharding and partial");
+        assert!(
+            self.axis_dim(a).is_none(),
+            "mesh axis {a} cannot be both sharding and partial"
+        );
         self.partial[a] = Some(op);
         self
     }
@@ -175,7 +206,14 @@ impl Layout {
     }
     /// The layout in user terms: one entry per dim, [`UNSHARDED`] or the axis name.
     pub fn sharding_spec(&self) -> Vec<String> {
-        self.dims.iter().map(|s| s.map_or(UNSHARDED.to_string(), |a| self.mesh.axis_name(a).to_string())).collect()
+        self.dims
+            .iter()
+            .map(|s| {
+                s.map_or(UNSHARDED.to_string(), |a| {
+                    self.mesh.axis_name(a).to_string()
+                })
+            })
+            .collect()
     }
     /// Checks that this layout fits a tensor of the given rank.
     ///
@@ -183,7 +221,10 @@ impl Layout {
     /// [`DTensorError::RankMismatch`].
     pub fn check_rank(&self, rank: usize) -> Result<()> {
         if rank != self.rank() {
-            return Err(DTensorError::RankMismatch { layout_rank: self.rank(), tensor_rank: rank });
+            return Err(DTensorError::RankMismatch {
+                layout_rank: self.rank(),
+                tensor_rank: rank,
+            });
         }
         Ok(())
     }
@@ -206,15 +247,33 @@ impl Layout {
             .partial
             .iter()
             .enumerate()
-            .filter_map(|(a, p)| p.map(|op| format!("partial {}@{}", format!("{op:?}").to_lowercase(), self.mesh.axis_name(a))))
+            .filter_map(|(a, p)| {
+                p.map(|op| {
+                    format!(
+                        "partial {}@{}",
+                        format!("{op:?}").to_lowercase(),
+                        self.mesh.axis_name(a)
+                    )
+                })
+            })
             .collect();
-        if p.is_empty() { String::new() } else { format!("{{{}}}", p.join(", ")) }
+        if p.is_empty() {
+            String::new()
+        } else {
+            format!("{{{}}}", p.join(", "))
+        }
     }
 }
 
 impl fmt::Display for Layout {
     /// `[batch, unsharded] on batch=4,model=2` plus pending reductions.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "[{}]{} on {}", self.sharding_spec().join(", "), self.partial_suffix(), self.mesh)
+        write!(
+            f,
+            "[{}]{} on {}",
+            self.sharding_spec().join(", "),
+            self.partial_suffix(),
+            self.mesh
+        )
     }
 }

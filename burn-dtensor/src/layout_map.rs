@@ -72,9 +72,19 @@ impl LayoutMap {
     ///
     /// # Errors
     /// [`DTensorError::InvalidRegex`].
-    pub fn rule<S: AsRef<str>>(mut self, pattern: &str, spec: impl IntoIterator<Item = S>) -> Result<Self> {
-        let re = Regex::new(pattern).map_err(|e| DTensorError::InvalidRegex { pattern: pattern.to_string(), reason: e.to_string() })?;
-        self.rules.push(LayoutRule { pattern: re, spec: spec.into_iter().map(|s| s.as_ref().to_string()).collect() });
+    pub fn rule<S: AsRef<str>>(
+        mut self,
+        pattern: &str,
+        spec: impl IntoIterator<Item = S>,
+    ) -> Result<Self> {
+        let re = Regex::new(pattern).map_err(|e| DTensorError::InvalidRegex {
+            pattern: pattern.to_string(),
+            reason: e.to_string(),
+        })?;
+        self.rules.push(LayoutRule {
+            pattern: re,
+            spec: spec.into_iter().map(|s| s.as_ref().to_string()).collect(),
+        });
         Ok(self)
     }
 
@@ -98,19 +108,33 @@ impl LayoutMap {
     /// As [`LayoutMap::from_toml_str`], plus [`DTensorError::LayoutMapFile`] when unreadable.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let p = path.as_ref();
-        let text = std::fs::read_to_string(p).map_err(|e| DTensorError::LayoutMapFile { path: p.display().to_string(), reason: e.to_string() })?;
+        let text = std::fs::read_to_string(p).map_err(|e| DTensorError::LayoutMapFile {
+            path: p.display().to_string(),
+            reason: e.to_string(),
+        })?;
         Self::parse(&text, &p.display().to_string())
     }
 
     fn parse(text: &str, origin: &str) -> Result<Self> {
-        let err = |reason: String| DTensorError::LayoutMapFile { path: origin.to_string(), reason };
-        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| err(e.message().to_string()))?;
+        let err = |reason: String| DTensorError::LayoutMapFile {
+            path: origin.to_string(),
+            reason,
+        };
+        let table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| err(e.message().to_string()))?;
         let mut map = Self::new();
         for (k, v) in table {
-            let arr = v.as_array().ok_or_else(|| err(format!("value of `{k}` is not an array of axis names")))?;
+            let arr = v
+                .as_array()
+                .ok_or_else(|| err(format!("value of `{k}` is not an array of axis names")))?;
             let spec: Vec<String> = arr
                 .iter()
-                .map(|x| x.as_str().map(str::to_string).ok_or_else(|| err(format!("`{k}` has a non-string entry {x}"))))
+                .map(|x| {
+                    x.as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| err(format!("`{k}` has a non-string entry {x}")))
+                })
                 .collect::<Result<_>>()?;
             map = map.rule(&k, spec)?;
         }
@@ -122,11 +146,21 @@ impl LayoutMap {
     /// # Errors
     /// [`DTensorError::RuleRankMismatch`], [`DTensorError::UnknownAxis`],
     /// [`DTensorError::AxisUsedTwice`].
-    pub fn layout_for(&self, path: &str, rank: usize, mesh: &std::sync::Arc<MeshTopology>) -> Result<(Option<usize>, Layout)> {
+    pub fn layout_for(
+        &self,
+        path: &str,
+        rank: usize,
+        mesh: &std::sync::Arc<MeshTopology>,
+    ) -> Result<(Option<usize>, Layout)> {
         for (i, r) in self.rules.iter().enumerate() {
             if r.pattern.is_match(path) {
                 if r.spec.len() != rank {
-                    return Err(DTensorError::RuleRankMismatch { pattern: r.pattern.to_string(), path: path.to_string(), layout_rank: r.spec.len(), param_rank: rank });
+                    return Err(DTensorError::RuleRankMismatch {
+                        pattern: r.pattern.to_string(),
+                        path: path.to_string(),
+                        layout_rank: r.spec.len(),
+                        param_rank: rank,
+                    });
                 }
                 return Ok((Some(i), Layout::from_topology(mesh, &r.spec)?));
             }
@@ -140,17 +174,40 @@ impl LayoutMap {
     /// # Errors
     /// Those of [`LayoutMap::layout_for`], and [`DTensorError::UnmatchedRule`] naming the rules
     /// that matched nothing together with the module's parameter paths.
-    pub fn apply<B: DistributedOps, M: Module<B>>(&self, module: M, mesh: &std::sync::Arc<MeshTopology>) -> Result<(M, LayoutReport)> {
-        let mut mapper = Mapper { map: self, mesh: mesh.clone(), path: Vec::new(), used: vec![false; self.rules.len()], report: LayoutReport::default(), error: None };
+    pub fn apply<B: DistributedOps, M: Module<B>>(
+        &self,
+        module: M,
+        mesh: &std::sync::Arc<MeshTopology>,
+    ) -> Result<(M, LayoutReport)> {
+        let mut mapper = Mapper {
+            map: self,
+            mesh: mesh.clone(),
+            path: Vec::new(),
+            used: vec![false; self.rules.len()],
+            report: LayoutReport::default(),
+            error: None,
+        };
         let module = module.map(&mut mapper);
         if let Some(e) = mapper.error {
             return Err(e);
         }
-        let unmatched: Vec<String> = self.rules.iter().zip(&mapper.used).filter(|(_, u)| !**u).map(|(r, _)| r.pattern.to_string()).collect();
+        let unmatched: Vec<String> = self
+            .rules
+            .iter()
+            .zip(&mapper.used)
+            .filter(|(_, u)| !**u)
+            .map(|(r, _)| r.pattern.to_string())
+            .collect();
         if !unmatched.is_empty() {
             return Err(DTensorError::UnmatchedRule {
                 patterns: unmatched.join(", "),
-                paths: mapper.report.assignments.iter().map(|(p, _)| p.as_str()).collect::<Vec<_>>().join(", "),
+                paths: mapper
+                    .report
+                    .assignments
+                    .iter()
+                    .map(|(p, _)| p.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
             });
         }
         Ok((module, mapper.report))
@@ -159,7 +216,10 @@ impl LayoutMap {
 
 /// Relayout of a parameter that keeps it a leaf of the autodiff graph (a tracked relayout
 /// would make the parameter an intermediate node whose gradient the optimizer never sees).
-fn relayout_leaf<B: DistributedOps, const D: usize>(t: Tensor<B, D>, layout: &Layout) -> Tensor<B, D> {
+fn relayout_leaf<B: DistributedOps, const D: usize>(
+    t: Tensor<B, D>,
+    layout: &Layout,
+) -> Tensor<B, D> {
     if &crate::api::layout(&t) == layout {
         return t;
     }
@@ -197,7 +257,9 @@ impl<B: DistributedOps> ModuleMapper<B> for Mapper<'_> {
                 }
                 self.report.assignments.push((path, layout.clone()));
                 let l2 = layout.clone();
-                param.init_mapper(move |t| relayout_leaf(t, &l2)).load_mapper(move |t| relayout_leaf(t, &layout))
+                param
+                    .init_mapper(move |t| relayout_leaf(t, &l2))
+                    .load_mapper(move |t| relayout_leaf(t, &layout))
             }
             Err(e) => {
                 self.error.get_or_insert(e);
@@ -206,4 +268,3 @@ impl<B: DistributedOps> ModuleMapper<B> for Mapper<'_> {
         }
     }
 }
-

@@ -56,7 +56,10 @@ pub mod shard;
 pub mod stack;
 pub mod tensor;
 
-pub use api::{DistributedOps, describe, distribute, distribute_int, from_local_shards, layout, layout_int, relayout, relayout_int, to_local_shards};
+pub use api::{
+    DistributedOps, describe, distribute, distribute_int, from_local_shards, layout, layout_int,
+    relayout, relayout_int, to_local_shards,
+};
 pub use backend::DistributedBackend;
 pub use comm::{CollectiveKind, CommDebugMode, CommEvent, CommLog, record_comms};
 pub use device::DistributedDevice;

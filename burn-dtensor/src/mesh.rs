@@ -53,10 +53,18 @@ impl MeshTopology {
     /// # Errors
     /// [`DTensorError::UnknownAxis`] when the mesh has no such axis.
     pub fn axis_index(&self, name: &str) -> Result<usize> {
-        self.axes.iter().position(|(n, _)| n == name).ok_or_else(|| DTensorError::UnknownAxis {
-            axis: name.to_string(),
-            available: self.axes.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", "),
-        })
+        self.axes
+            .iter()
+            .position(|(n, _)| n == name)
+            .ok_or_else(|| DTensorError::UnknownAxis {
+                axis: name.to_string(),
+                available: self
+                    .axes
+                    .iter()
+                    .map(|(n, _)| n.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
     }
     /// Coordinate of the device with flat (row-major) index `flat` along every axis.
     pub fn coords(&self, flat: usize) -> Vec<usize> {
@@ -136,20 +144,38 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
     /// - [`DTensorError::DeviceCountMismatch`] when `devices.len()` is not the product of the sizes;
     /// - [`DTensorError::AxisUsedTwice`] when an axis name repeats;
     /// - [`DTensorError::InvalidAxis`] for an empty name or a size of 0.
-    pub fn new<S: Into<String>>(axes: impl IntoIterator<Item = (S, usize)>, devices: Vec<D>) -> Result<Self> {
+    pub fn new<S: Into<String>>(
+        axes: impl IntoIterator<Item = (S, usize)>,
+        devices: Vec<D>,
+    ) -> Result<Self> {
         let axes: Vec<(String, usize)> = axes.into_iter().map(|(n, s)| (n.into(), s)).collect();
         for (i, (n, s)) in axes.iter().enumerate() {
             if n.is_empty() || *s == 0 || n == crate::layout::UNSHARDED {
-                return Err(DTensorError::InvalidAxis { axis: n.clone(), size: *s });
+                return Err(DTensorError::InvalidAxis {
+                    axis: n.clone(),
+                    size: *s,
+                });
             }
             if let Some(j) = axes[..i].iter().position(|(m, _)| m == n) {
-                return Err(DTensorError::AxisUsedTwice { axis: n.clone(), first: j, second: i });
+                return Err(DTensorError::AxisUsedTwice {
+                    axis: n.clone(),
+                    first: j,
+                    second: i,
+                });
             }
         }
         let expected: usize = axes.iter().map(|(_, s)| s).product();
         if expected != devices.len() {
-            let shape = axes.iter().map(|(n, s)| format!("{n}={s}")).collect::<Vec<_>>().join(",");
-            return Err(DTensorError::DeviceCountMismatch { shape, expected, given: devices.len() });
+            let shape = axes
+                .iter()
+                .map(|(n, s)| format!("{n}={s}"))
+                .collect::<Vec<_>>()
+                .join(",");
+            return Err(DTensorError::DeviceCountMismatch {
+                shape,
+                expected,
+                given: devices.len(),
+            });
         }
         Ok(Self::intern(axes, devices, stacked_default()))
     }
@@ -159,7 +185,10 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
     ///
     /// # Errors
     /// As [`Mesh::new`].
-    pub fn virtual_devices<S: Into<String>>(axes: impl IntoIterator<Item = (S, usize)>, device: D) -> Result<Self> {
+    pub fn virtual_devices<S: Into<String>>(
+        axes: impl IntoIterator<Item = (S, usize)>,
+        device: D,
+    ) -> Result<Self> {
         let axes: Vec<(String, usize)> = axes.into_iter().map(|(n, s)| (n.into(), s)).collect();
         let n = axes.iter().map(|(_, s)| s).product();
         Self::new(axes, vec![device; n])
@@ -205,7 +234,15 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
         for a in (0..axes.len().saturating_sub(1)).rev() {
             strides[a] = strides[a + 1] * axes[a + 1].1;
         }
-        let mesh = Mesh { topo: Arc::new(MeshTopology { id, axes, strides, stacked }), devices: Arc::new(devices) };
+        let mesh = Mesh {
+            topo: Arc::new(MeshTopology {
+                id,
+                axes,
+                strides,
+                stacked,
+            }),
+            devices: Arc::new(devices),
+        };
         reg.push(Arc::new(mesh.clone()));
         mesh
     }
@@ -276,11 +313,22 @@ fn stacked_default() -> bool {
 /// # Errors
 /// [`DTensorError::MeshParse`] naming what was wrong.
 pub fn parse_axes(spec: &str) -> Result<Vec<(String, usize)>> {
-    let err = |reason: String| DTensorError::MeshParse { spec: spec.to_string(), reason };
+    let err = |reason: String| DTensorError::MeshParse {
+        spec: spec.to_string(),
+        reason,
+    };
     let mut out = Vec::new();
     for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (name, size) = part.split_once('=').ok_or_else(|| err(format!("`{part}` has no `=`")))?;
-        let size: usize = size.trim().parse().map_err(|_| err(format!("size `{}` of `{}` is not a positive integer", size.trim(), name.trim())))?;
+        let (name, size) = part
+            .split_once('=')
+            .ok_or_else(|| err(format!("`{part}` has no `=`")))?;
+        let size: usize = size.trim().parse().map_err(|_| {
+            err(format!(
+                "size `{}` of `{}` is not a positive integer",
+                size.trim(),
+                name.trim()
+            ))
+        })?;
         out.push((name.trim().to_string(), size));
     }
     if out.is_empty() {

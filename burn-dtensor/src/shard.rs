@@ -31,17 +31,28 @@ pub fn local_ranges(layout: &Layout, shape: &[usize], flat: usize) -> Vec<Range<
 
 /// The per-shard shape of device `flat`.
 pub fn local_shape(layout: &Layout, shape: &[usize], flat: usize) -> Vec<usize> {
-    local_ranges(layout, shape, flat).into_iter().map(|r| r.len()).collect()
+    local_ranges(layout, shape, flat)
+        .into_iter()
+        .map(|r| r.len())
+        .collect()
 }
 
 /// Whether some device holds an empty shard (a sharded dim smaller than its axis).
 pub fn has_empty_shard(layout: &Layout, shape: &[usize]) -> bool {
-    layout.dims.iter().zip(shape).any(|(s, &n)| s.is_some_and(|a| n < layout.mesh.axis_size(a)))
+    layout
+        .dims
+        .iter()
+        .zip(shape)
+        .any(|(s, &n)| s.is_some_and(|a| n < layout.mesh.axis_size(a)))
 }
 
 /// Whether every sharded dim divides evenly by its axis size.
 pub fn is_even(layout: &Layout, shape: &[usize]) -> bool {
-    layout.dims.iter().zip(shape).all(|(s, &n)| s.is_none_or(|a| n % layout.mesh.axis_size(a) == 0))
+    layout
+        .dims
+        .iter()
+        .zip(shape)
+        .all(|(s, &n)| s.is_none_or(|a| n % layout.mesh.axis_size(a) == 0))
 }
 
 #[cfg(test)]

@@ -82,14 +82,33 @@ pub fn uses_axis(layout: &Layout, a: usize) -> bool {
 /// uses it, else 1; then the per-shard shape (the layout must split its sharded dims evenly).
 pub fn stack_shape(layout: &Layout, shape: &[usize]) -> Vec<usize> {
     let topo = &layout.mesh;
-    let mut out: Vec<usize> = (0..topo.ndim()).map(|a| if uses_axis(layout, a) { topo.axis_size(a) } else { 1 }).collect();
-    out.extend(layout.dims.iter().zip(shape).map(|(s, &n)| s.map_or(n, |a| n / topo.axis_size(a))));
+    let mut out: Vec<usize> = (0..topo.ndim())
+        .map(|a| {
+            if uses_axis(layout, a) {
+                topo.axis_size(a)
+            } else {
+                1
+            }
+        })
+        .collect();
+    out.extend(
+        layout
+            .dims
+            .iter()
+            .zip(shape)
+            .map(|(s, &n)| s.map_or(n, |a| n / topo.axis_size(a))),
+    );
     out
 }
 
 /// Elements of one shard of a tensor of global `shape` under `layout` (even split).
 pub fn shard_elements(layout: &Layout, shape: &[usize]) -> usize {
-    layout.dims.iter().zip(shape).map(|(d, &n)| d.map_or(n, |a| n / layout.mesh.axis_size(a))).product()
+    layout
+        .dims
+        .iter()
+        .zip(shape)
+        .map(|(d, &n)| d.map_or(n, |a| n / layout.mesh.axis_size(a)))
+        .product()
 }
 
 /// The highest rank of a stacked primitive (mesh axes + tensor rank): NdArray's limit.
@@ -103,14 +122,20 @@ pub fn stackable(layout: &Layout, shape: &[usize]) -> bool {
         && layout.mesh.ndim() + shape.len() <= MAX_STACKED_RANK
         && shape.iter().all(|&n| n > 0)
         && shard::is_even(layout, shape)
-        && layout.partial.iter().enumerate().all(|(a, p)| p.is_none() || !layout.dims.contains(&Some(a)))
+        && layout
+            .partial
+            .iter()
+            .enumerate()
+            .all(|(a, p)| p.is_none() || !layout.dims.contains(&Some(a)))
 }
 
 /// The flat index of the device whose shard represents device `i`'s: same coordinates on the
 /// axes the layout uses, 0 on the others.
 pub(crate) fn representative(layout: &Layout, i: usize) -> usize {
     let topo = &layout.mesh;
-    (0..topo.ndim()).filter(|&a| !uses_axis(layout, a)).fold(i, |i, a| i - topo.coord(i, a) * topo.strides[a])
+    (0..topo.ndim())
+        .filter(|&a| !uses_axis(layout, a))
+        .fold(i, |i, a| i - topo.coord(i, a) * topo.strides[a])
 }
 
 /// Whether device `i` holds a distinct shard under `layout` (it is its own [`representative`]:
@@ -129,10 +154,26 @@ pub fn to_stacked<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> {
     if t.stacked {
         return t;
     }
-    debug_assert!(stackable(&t.layout, &t.shape), "stacking {} of shape {:?}", t.layout, t.shape);
+    debug_assert!(
+        stackable(&t.layout, &t.shape),
+        "stacking {} of shape {:?}",
+        t.layout,
+        t.shape
+    );
     let target = stack_shape(&t.layout, &t.shape);
-    let DTensor { shape, layout, shards, reduced, .. } = t;
-    let reps: Vec<K::P> = shards.into_iter().enumerate().filter(|(i, _)| is_representative(&layout, *i)).map(|(_, p)| p).collect();
+    let DTensor {
+        shape,
+        layout,
+        shards,
+        reduced,
+        ..
+    } = t;
+    let reps: Vec<K::P> = shards
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| is_representative(&layout, *i))
+        .map(|(_, p)| p)
+        .collect();
     let stack = if reps.len() == 1 {
         K::reshape(reps.into_iter().next().expect("one shard"), target.into())
     } else {
@@ -147,7 +188,10 @@ pub fn to_stacked<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> {
         K::reshape(K::cat(parts, 0), target.into())
     };
     // The same logical tensor: it shares the memoised reduction of a partial value.
-    DTensor { reduced, ..DTensor::from_stacked(shape, layout, stack) }
+    DTensor {
+        reduced,
+        ..DTensor::from_stacked(shape, layout, stack)
+    }
 }
 
 /// Puts a stacked tensor in per-device form (a no-op when it already is): one slice of the
@@ -156,7 +200,13 @@ pub fn to_per_device<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> 
     if !t.stacked {
         return t;
     }
-    let DTensor { shape, layout, mut shards, reduced, .. } = t.materialized();
+    let DTensor {
+        shape,
+        layout,
+        mut shards,
+        reduced,
+        ..
+    } = t.materialized();
     let stack = shards.pop().expect("a stacked primitive");
     let topo = layout.mesh.clone();
     let k = topo.ndim();
@@ -173,7 +223,11 @@ pub fn to_per_device<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> 
         let sliced = if (0..k).any(|a| uses_axis(&layout, a)) {
             let mut slices: Vec<Slice> = (0..k)
                 .map(|a| {
-                    let c = if uses_axis(&layout, a) { topo.coord(i, a) } else { 0 };
+                    let c = if uses_axis(&layout, a) {
+                        topo.coord(i, a)
+                    } else {
+                        0
+                    };
                     Slice::new(c as isize, Some(c as isize + 1), 1)
                 })
                 .collect();
@@ -184,7 +238,10 @@ pub fn to_per_device<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> 
         };
         out.push(K::reshape(sliced, Shape::from(local)));
     }
-    DTensor { reduced, ..DTensor::from_parts(shape, layout, out) }
+    DTensor {
+        reduced,
+        ..DTensor::from_parts(shape, layout, out)
+    }
 }
 
 /// A stacked op's result as a tensor of global `shape` under `layout`.
@@ -214,7 +271,12 @@ pub fn output<P: TensorMetadata>(shape: Vec<usize>, layout: Layout, stack: P) ->
 /// rhs uses axes of its own (not on backends that [`prefer_dense`], where strided operands are
 /// slow). Otherwise, and for axes both use (one partial product per shard: a weight gradient
 /// over a sharded batch), it is the inner batched matmul `f`, which broadcasts the mesh dims.
-pub fn matmul<B: Backend, K: Kind<B>>(x: K::P, y: K::P, ks: usize, f: impl Fn(K::P, K::P) -> K::P) -> K::P {
+pub fn matmul<B: Backend, K: Kind<B>>(
+    x: K::P,
+    y: K::P,
+    ks: usize,
+    f: impl Fn(K::P, K::P) -> K::P,
+) -> K::P {
     let (xs, ys) = (x.shape().to_vec(), y.shape().to_vec());
     if xs.len() != ks + 2 {
         return f(x, y);
@@ -222,19 +284,42 @@ pub fn matmul<B: Backend, K: Kind<B>>(x: K::P, y: K::P, ks: usize, f: impl Fn(K:
     let lhs_only: Vec<usize> = (0..ks).filter(|&a| xs[a] > 1 && ys[a] == 1).collect();
     let both_last = (0..ks).filter(|&a| xs[a] > 1 && ys[a] > 1).max();
     let rhs_own = (0..ks).any(|a| xs[a] == 1 && ys[a] > 1);
-    if lhs_only.is_empty() || both_last.is_some_and(|b| b > lhs_only[0]) || (rhs_own && prefer_dense::<B>()) {
+    if lhs_only.is_empty()
+        || both_last.is_some_and(|b| b > lhs_only[0])
+        || (rhs_own && prefer_dense::<B>())
+    {
         return f(x, y);
     }
     let (m, kk, n) = (xs[ks], xs[ks + 1], ys[ks + 1]);
     let rest: Vec<usize> = (0..ks).filter(|a| !lhs_only.contains(a)).collect();
     let folded: usize = lhs_only.iter().map(|&a| xs[a]).product();
-    let lhs_shape: Vec<usize> = rest.iter().map(|&a| xs[a]).chain([folded * m, kk]).collect();
+    let lhs_shape: Vec<usize> = rest
+        .iter()
+        .map(|&a| xs[a])
+        .chain([folded * m, kk])
+        .collect();
     let rhs_shape: Vec<usize> = rest.iter().map(|&a| ys[a]).chain([kk, n]).collect();
-    let out = f(K::reshape(x, Shape::from(lhs_shape)), K::reshape(y, Shape::from(rhs_shape)));
+    let out = f(
+        K::reshape(x, Shape::from(lhs_shape)),
+        K::reshape(y, Shape::from(rhs_shape)),
+    );
     // [rest.., L*m, n] -> [rest.., L.., m, n] -> mesh order.
-    let split: Vec<usize> = rest.iter().map(|&a| xs[a].max(ys[a])).chain(lhs_only.iter().map(|&a| xs[a])).chain([m, n]).collect();
+    let split: Vec<usize> = rest
+        .iter()
+        .map(|&a| xs[a].max(ys[a]))
+        .chain(lhs_only.iter().map(|&a| xs[a]))
+        .chain([m, n])
+        .collect();
     let listed: Vec<usize> = rest.iter().chain(&lhs_only).copied().collect();
-    let order: Vec<usize> = (0..ks).map(|a| listed.iter().position(|&b| b == a).expect("every axis listed")).chain([ks, ks + 1]).collect();
+    let order: Vec<usize> = (0..ks)
+        .map(|a| {
+            listed
+                .iter()
+                .position(|&b| b == a)
+                .expect("every axis listed")
+        })
+        .chain([ks, ks + 1])
+        .collect();
     crate::collective::stacked::permute::<B, K>(K::reshape(out, Shape::from(split)), &order)
 }
 
@@ -249,22 +334,37 @@ pub fn matmul<B: Backend, K: Kind<B>>(x: K::P, y: K::P, ks: usize, f: impl Fn(K:
 /// source is a weight gradient's `x^T`, a transposed view of the contiguous `x`, so the merge
 /// runs on contiguous data (free on backends whose reshape is a view) and the matmul takes the
 /// transposed operand as it takes `x^T` on one device. The rhs merges as `[P, k, n] -> [P*k, n]`.
-pub fn contract<B: Backend, K: Kind<B>>(x: K::P, y: K::P, ks: usize, axes: &[usize], f: impl Fn(K::P, K::P) -> K::P) -> K::P {
+pub fn contract<B: Backend, K: Kind<B>>(
+    x: K::P,
+    y: K::P,
+    ks: usize,
+    axes: &[usize],
+    f: impl Fn(K::P, K::P) -> K::P,
+) -> K::P {
     use crate::collective::stacked::permute;
     let (xs, ys) = (x.shape().to_vec(), y.shape().to_vec());
     let r = xs.len();
     let p: usize = axes.iter().map(|&a| xs[a]).product();
-    debug_assert!(axes.iter().all(|&a| xs[a] == ys[a]), "contracting over {axes:?}: {xs:?} @ {ys:?}");
+    debug_assert!(
+        axes.iter().all(|&a| xs[a] == ys[a]),
+        "contracting over {axes:?}: {xs:?} @ {ys:?}"
+    );
     let others = (0..ks).filter(|a| !axes.contains(a));
     // The shape after the merge: the `axes` dims 1, then the last two dims `(a, b)` with `P` folded
     // into `a`.
     let merged = |s: &[usize], a: usize, b: usize| -> Vec<usize> {
-        let mut out: Vec<usize> = (0..r - 2).map(|d| if axes.contains(&d) { 1 } else { s[d] }).collect();
+        let mut out: Vec<usize> = (0..r - 2)
+            .map(|d| if axes.contains(&d) { 1 } else { s[d] })
+            .collect();
         out.extend([p * s[a], s[b]]);
         out
     };
     // Both as [others.., b.., axes.., k, c] (the lhs transposed first), merged into [.., P*k, c].
-    let order: Vec<usize> = others.chain(ks..r - 2).chain(axes.iter().copied()).chain([r - 2, r - 1]).collect();
+    let order: Vec<usize> = others
+        .chain(ks..r - 2)
+        .chain(axes.iter().copied())
+        .chain([r - 2, r - 1])
+        .collect();
     let merge = |t: K::P| -> K::P {
         let ts = t.shape().to_vec();
         if prefer_dense::<B>() && !crate::collective::stacked::only_unit_dims_move(&ts, &order) {
@@ -273,7 +373,10 @@ pub fn contract<B: Backend, K: Kind<B>>(x: K::P, y: K::P, ks: usize, axes: &[usi
             // strided iterator (the spatial weight gradient: 340 µs against 60).
             cat_over::<B, K>(t, axes, r - 2)
         } else {
-            K::reshape(permute::<B, K>(t, &order), Shape::from(merged(&ts, r - 2, r - 1)))
+            K::reshape(
+                permute::<B, K>(t, &order),
+                Shape::from(merged(&ts, r - 2, r - 1)),
+            )
         }
     };
     let swap: Vec<usize> = (0..r - 2).chain([r - 1, r - 2]).collect();
@@ -281,7 +384,11 @@ pub fn contract<B: Backend, K: Kind<B>>(x: K::P, y: K::P, ks: usize, axes: &[usi
     let y = merge(y);
     // Folding lhs-only axes into rows would leave a permuted output when the rhs has axes of its
     // own; the batched matmul gives it contiguous (it is a weight gradient the update reads).
-    if (0..ks).any(|a| x.shape()[a] == 1 && y.shape()[a] > 1) { f(x, y) } else { matmul::<B, K>(x, y, ks, f) }
+    if (0..ks).any(|a| x.shape()[a] == 1 && y.shape()[a] > 1) {
+        f(x, y)
+    } else {
+        matmul::<B, K>(x, y, ks, f)
+    }
 }
 
 /// `x` sliced at every index of the mesh dims `axes` (row-major), the slices concatenated along
@@ -340,7 +447,17 @@ pub fn coalesce(shapes: &[&[usize]]) -> Option<Vec<Vec<usize>>> {
     if groups.is_empty() {
         return Some(shapes.iter().map(|_| vec![1]).collect());
     }
-    Some(shapes.iter().map(|s| groups.iter().map(|g| g.iter().map(|&d| s[d]).product()).collect()).collect())
+    Some(
+        shapes
+            .iter()
+            .map(|s| {
+                groups
+                    .iter()
+                    .map(|g| g.iter().map(|&d| s[d]).product())
+                    .collect()
+            })
+            .collect(),
+    )
 }
 
 /// Element-wise operands in stacked form, reshaped for the inner op: adjacent dims merged
@@ -349,17 +466,34 @@ pub fn coalesce(shapes: &[&[usize]]) -> Option<Vec<Vec<usize>>> {
 /// dim). Returns the shapes to reshape to, the merged output shape and whether each operand
 /// needs materialising.
 pub fn elementwise_plan<B>(shapes: &[&[usize]]) -> (Vec<Vec<usize>>, Vec<usize>, Vec<bool>) {
-    let merged = if reshape_copies::<B>() { None } else { coalesce(shapes) }.unwrap_or_else(|| shapes.iter().map(|s| s.to_vec()).collect());
+    let merged = if reshape_copies::<B>() {
+        None
+    } else {
+        coalesce(shapes)
+    }
+    .unwrap_or_else(|| shapes.iter().map(|s| s.to_vec()).collect());
     let refs: Vec<&[usize]> = merged.iter().map(|s| &s[..]).collect();
     let out = broadcast_shape(&refs);
-    let dense = merged.iter().map(|s| out.len() > 2 && prefer_dense::<B>() && s.iter().zip(&out).any(|(&a, &b)| a != b)).collect();
+    let dense = merged
+        .iter()
+        .map(|s| out.len() > 2 && prefer_dense::<B>() && s.iter().zip(&out).any(|(&a, &b)| a != b))
+        .collect();
     (merged, out, dense)
 }
 
 /// `x` reshaped to `shape`, then repeated along each dim where it is 1 and `out` is not, when
 /// `dense`.
-pub fn prepare<B: Backend, K: Kind<B>>(x: K::P, shape: &[usize], out: &[usize], dense: bool) -> K::P {
-    let mut x = if x.shape().iter().eq(shape.iter()) { x } else { K::reshape(x, Shape::from(shape.to_vec())) };
+pub fn prepare<B: Backend, K: Kind<B>>(
+    x: K::P,
+    shape: &[usize],
+    out: &[usize],
+    dense: bool,
+) -> K::P {
+    let mut x = if x.shape().iter().eq(shape.iter()) {
+        x
+    } else {
+        K::reshape(x, Shape::from(shape.to_vec()))
+    };
     if dense {
         for (d, (&a, &b)) in shape.iter().zip(out).enumerate() {
             if a == 1 && b > 1 {

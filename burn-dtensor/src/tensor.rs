@@ -67,33 +67,84 @@ impl<P> Deferred<P> {
 
 impl<P> std::fmt::Debug for Deferred<P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Deferred").field("computed", &self.stack.get().is_some()).finish()
+        f.debug_struct("Deferred")
+            .field("computed", &self.stack.get().is_some())
+            .finish()
     }
 }
 
 impl<P> DTensor<P> {
     /// Builds a tensor from its parts (no check: internal).
-    pub(crate) fn from_parts(shape: Vec<usize>, layout: impl Into<Arc<Layout>>, shards: Vec<P>) -> Self {
+    pub(crate) fn from_parts(
+        shape: Vec<usize>,
+        layout: impl Into<Arc<Layout>>,
+        shards: Vec<P>,
+    ) -> Self {
         let layout = layout.into();
-        debug_assert_eq!(layout.rank(), shape.len(), "layout {layout} vs shape {shape:?}");
+        debug_assert_eq!(
+            layout.rank(),
+            shape.len(),
+            "layout {layout} vs shape {shape:?}"
+        );
         debug_assert_eq!(layout.mesh.size(), shards.len());
         let reduced = layout.is_partial().then(Arc::default);
-        Self { shape, layout, shards, stacked: false, reduced, deferred: None }
+        Self {
+            shape,
+            layout,
+            shards,
+            stacked: false,
+            reduced,
+            deferred: None,
+        }
     }
     /// Builds a tensor in stacked form from its one stacked primitive (no check: internal).
-    pub(crate) fn from_stacked(shape: Vec<usize>, layout: impl Into<Arc<Layout>>, stack: P) -> Self {
+    pub(crate) fn from_stacked(
+        shape: Vec<usize>,
+        layout: impl Into<Arc<Layout>>,
+        stack: P,
+    ) -> Self {
         let layout = layout.into();
-        debug_assert_eq!(layout.rank(), shape.len(), "layout {layout} vs shape {shape:?}");
+        debug_assert_eq!(
+            layout.rank(),
+            shape.len(),
+            "layout {layout} vs shape {shape:?}"
+        );
         let reduced = layout.is_partial().then(Arc::default);
-        Self { shape, layout, shards: vec![stack], stacked: true, reduced, deferred: None }
+        Self {
+            shape,
+            layout,
+            shards: vec![stack],
+            stacked: true,
+            reduced,
+            deferred: None,
+        }
     }
     /// A stacked partial tensor held by its reduced value (the stacked primitive of
     /// `layout.without_partial()`), its shards computed by `compute` when first read (see
     /// [`Deferred`]).
-    pub(crate) fn deferred(shape: Vec<usize>, layout: Layout, reduced: P, compute: impl Fn() -> P + Send + Sync + 'static) -> Self {
-        debug_assert!(layout.is_partial() && layout.mesh.stacked, "deferred shards are for stacked partial tensors");
-        let deferred = Some(Arc::new(Deferred { reduced, stack: OnceLock::new(), compute: Box::new(compute) }));
-        Self { shape, reduced: Some(Arc::default()), shards: Vec::new(), stacked: true, layout: Arc::new(layout), deferred }
+    pub(crate) fn deferred(
+        shape: Vec<usize>,
+        layout: Layout,
+        reduced: P,
+        compute: impl Fn() -> P + Send + Sync + 'static,
+    ) -> Self {
+        debug_assert!(
+            layout.is_partial() && layout.mesh.stacked,
+            "deferred shards are for stacked partial tensors"
+        );
+        let deferred = Some(Arc::new(Deferred {
+            reduced,
+            stack: OnceLock::new(),
+            compute: Box::new(compute),
+        }));
+        Self {
+            shape,
+            reduced: Some(Arc::default()),
+            shards: Vec::new(),
+            stacked: true,
+            layout: Arc::new(layout),
+            deferred,
+        }
     }
     /// The tensor with its shards computed (a no-op unless they were deferred).
     pub(crate) fn materialized(mut self) -> Self
@@ -197,9 +248,18 @@ pub struct BoolKind;
 /// Concatenation that skips empty parts (some backends reject them). When every part is empty
 /// the result is still empty but must have the concatenated shape (the summed size along
 /// `dim`), which a reshape of the first part gives.
-fn cat_nonempty<P: TensorMetadata>(mut parts: Vec<P>, dim: usize, cat: impl FnOnce(Vec<P>, usize) -> P, reshape: impl FnOnce(P, Shape) -> P) -> P {
+fn cat_nonempty<P: TensorMetadata>(
+    mut parts: Vec<P>,
+    dim: usize,
+    cat: impl FnOnce(Vec<P>, usize) -> P,
+    reshape: impl FnOnce(P, Shape) -> P,
+) -> P {
     if parts.len() > 1 {
-        let nonempty: Vec<P> = parts.iter().filter(|p| p.shape().num_elements() > 0).cloned().collect();
+        let nonempty: Vec<P> = parts
+            .iter()
+            .filter(|p| p.shape().num_elements() > 0)
+            .cloned()
+            .collect();
         if nonempty.is_empty() {
             let mut shape = parts[0].shape();
             shape[dim] = parts.iter().map(|p| p.shape()[dim]).sum();
@@ -207,42 +267,100 @@ fn cat_nonempty<P: TensorMetadata>(mut parts: Vec<P>, dim: usize, cat: impl FnOn
         }
         parts = nonempty;
     }
-    if parts.len() == 1 { parts.pop().unwrap() } else { cat(parts, dim) }
+    if parts.len() == 1 {
+        parts.pop().unwrap()
+    } else {
+        cat(parts, dim)
+    }
 }
 
 macro_rules! kind_io {
     (float) => {
-        fn cat(parts: Vec<Self::P>, dim: usize) -> Self::P { cat_nonempty(parts, dim, B::float_cat, B::float_reshape) }
-        fn slice(t: Self::P, s: &[Slice]) -> Self::P { B::float_slice(t, s) }
-        fn device(t: &Self::P) -> B::Device { B::float_device(t) }
-        fn to_device(t: Self::P, d: &B::Device) -> Self::P { B::float_to_device(t, d) }
-        fn from_data(data: TensorData, d: &B::Device) -> Self::P { B::float_from_data(data, d) }
-        fn into_data(t: Self::P) -> TensorData { burn::tensor::read_sync(B::float_into_data(t)).expect("reading a float shard") }
-        fn reshape(t: Self::P, s: Shape) -> Self::P { B::float_reshape(t, s) }
-        fn permute(t: Self::P, axes: &[usize]) -> Self::P { B::float_permute(t, axes) }
-        fn repeat_dim(t: Self::P, dim: usize, times: usize) -> Self::P { B::float_repeat_dim(t, dim, times) }
+        fn cat(parts: Vec<Self::P>, dim: usize) -> Self::P {
+            cat_nonempty(parts, dim, B::float_cat, B::float_reshape)
+        }
+        fn slice(t: Self::P, s: &[Slice]) -> Self::P {
+            B::float_slice(t, s)
+        }
+        fn device(t: &Self::P) -> B::Device {
+            B::float_device(t)
+        }
+        fn to_device(t: Self::P, d: &B::Device) -> Self::P {
+            B::float_to_device(t, d)
+        }
+        fn from_data(data: TensorData, d: &B::Device) -> Self::P {
+            B::float_from_data(data, d)
+        }
+        fn into_data(t: Self::P) -> TensorData {
+            burn::tensor::read_sync(B::float_into_data(t)).expect("reading a float shard")
+        }
+        fn reshape(t: Self::P, s: Shape) -> Self::P {
+            B::float_reshape(t, s)
+        }
+        fn permute(t: Self::P, axes: &[usize]) -> Self::P {
+            B::float_permute(t, axes)
+        }
+        fn repeat_dim(t: Self::P, dim: usize, times: usize) -> Self::P {
+            B::float_repeat_dim(t, dim, times)
+        }
     };
     (int) => {
-        fn cat(parts: Vec<Self::P>, dim: usize) -> Self::P { cat_nonempty(parts, dim, B::int_cat, B::int_reshape) }
-        fn slice(t: Self::P, s: &[Slice]) -> Self::P { B::int_slice(t, s) }
-        fn device(t: &Self::P) -> B::Device { B::int_device(t) }
-        fn to_device(t: Self::P, d: &B::Device) -> Self::P { B::int_to_device(t, d) }
-        fn from_data(data: TensorData, d: &B::Device) -> Self::P { B::int_from_data(data, d) }
-        fn into_data(t: Self::P) -> TensorData { burn::tensor::read_sync(B::int_into_data(t)).expect("reading an int shard") }
-        fn reshape(t: Self::P, s: Shape) -> Self::P { B::int_reshape(t, s) }
-        fn permute(t: Self::P, axes: &[usize]) -> Self::P { B::int_permute(t, axes) }
-        fn repeat_dim(t: Self::P, dim: usize, times: usize) -> Self::P { B::int_repeat_dim(t, dim, times) }
+        fn cat(parts: Vec<Self::P>, dim: usize) -> Self::P {
+            cat_nonempty(parts, dim, B::int_cat, B::int_reshape)
+        }
+        fn slice(t: Self::P, s: &[Slice]) -> Self::P {
+            B::int_slice(t, s)
+        }
+        fn device(t: &Self::P) -> B::Device {
+            B::int_device(t)
+        }
+        fn to_device(t: Self::P, d: &B::Device) -> Self::P {
+            B::int_to_device(t, d)
+        }
+        fn from_data(data: TensorData, d: &B::Device) -> Self::P {
+            B::int_from_data(data, d)
+        }
+        fn into_data(t: Self::P) -> TensorData {
+            burn::tensor::read_sync(B::int_into_data(t)).expect("reading an int shard")
+        }
+        fn reshape(t: Self::P, s: Shape) -> Self::P {
+            B::int_reshape(t, s)
+        }
+        fn permute(t: Self::P, axes: &[usize]) -> Self::P {
+            B::int_permute(t, axes)
+        }
+        fn repeat_dim(t: Self::P, dim: usize, times: usize) -> Self::P {
+            B::int_repeat_dim(t, dim, times)
+        }
     };
     (bool) => {
-        fn cat(parts: Vec<Self::P>, dim: usize) -> Self::P { cat_nonempty(parts, dim, B::bool_cat, B::bool_reshape) }
-        fn slice(t: Self::P, s: &[Slice]) -> Self::P { B::bool_slice(t, s) }
-        fn device(t: &Self::P) -> B::Device { B::bool_device(t) }
-        fn to_device(t: Self::P, d: &B::Device) -> Self::P { B::bool_to_device(t, d) }
-        fn from_data(data: TensorData, d: &B::Device) -> Self::P { B::bool_from_data(data, d) }
-        fn into_data(t: Self::P) -> TensorData { burn::tensor::read_sync(B::bool_into_data(t)).expect("reading a bool shard") }
-        fn reshape(t: Self::P, s: Shape) -> Self::P { B::bool_reshape(t, s) }
-        fn permute(t: Self::P, axes: &[usize]) -> Self::P { B::bool_permute(t, axes) }
-        fn repeat_dim(t: Self::P, dim: usize, times: usize) -> Self::P { B::bool_repeat_dim(t, dim, times) }
+        fn cat(parts: Vec<Self::P>, dim: usize) -> Self::P {
+            cat_nonempty(parts, dim, B::bool_cat, B::bool_reshape)
+        }
+        fn slice(t: Self::P, s: &[Slice]) -> Self::P {
+            B::bool_slice(t, s)
+        }
+        fn device(t: &Self::P) -> B::Device {
+            B::bool_device(t)
+        }
+        fn to_device(t: Self::P, d: &B::Device) -> Self::P {
+            B::bool_to_device(t, d)
+        }
+        fn from_data(data: TensorData, d: &B::Device) -> Self::P {
+            B::bool_from_data(data, d)
+        }
+        fn into_data(t: Self::P) -> TensorData {
+            burn::tensor::read_sync(B::bool_into_data(t)).expect("reading a bool shard")
+        }
+        fn reshape(t: Self::P, s: Shape) -> Self::P {
+            B::bool_reshape(t, s)
+        }
+        fn permute(t: Self::P, axes: &[usize]) -> Self::P {
+            B::bool_permute(t, axes)
+        }
+        fn repeat_dim(t: Self::P, dim: usize, times: usize) -> Self::P {
+            B::bool_repeat_dim(t, dim, times)
+        }
     };
 }
 
@@ -279,8 +397,34 @@ macro_rules! numeric_kind {
     };
 }
 
-numeric_kind!(FloatKind, FloatTensor, float, float_add, float_greater, float_lower, float_mask_where, float_device, float_zeros, float_sum_dim, float_max_dim, float_min_dim);
-numeric_kind!(IntKind, IntTensor, int, int_add, int_greater, int_lower, int_mask_where, int_device, int_zeros, int_sum_dim, int_max_dim, int_min_dim);
+numeric_kind!(
+    FloatKind,
+    FloatTensor,
+    float,
+    float_add,
+    float_greater,
+    float_lower,
+    float_mask_where,
+    float_device,
+    float_zeros,
+    float_sum_dim,
+    float_max_dim,
+    float_min_dim
+);
+numeric_kind!(
+    IntKind,
+    IntTensor,
+    int,
+    int_add,
+    int_greater,
+    int_lower,
+    int_mask_where,
+    int_device,
+    int_zeros,
+    int_sum_dim,
+    int_max_dim,
+    int_min_dim
+);
 
 impl<B: Backend> Kind<B> for BoolKind {
     type P = BoolTensor<B>;

@@ -20,7 +20,12 @@ fn tol() -> Tolerance<f32> {
 
 fn data(shape: [usize; 2], seed: usize) -> TensorData {
     let n = shape[0] * shape[1];
-    TensorData::new((0..n).map(|i| (((i * 37 + seed * 11) % 23) as f32 - 11.0) / 8.0).collect::<Vec<_>>(), shape)
+    TensorData::new(
+        (0..n)
+            .map(|i| (((i * 37 + seed * 11) % 23) as f32 - 11.0) / 8.0)
+            .collect::<Vec<_>>(),
+        shape,
+    )
 }
 
 fn oracle(d: &TensorData) -> Tensor<NdArray, 2> {
@@ -56,7 +61,10 @@ pub fn matmul<I: Backend>(device: I::Device) {
             for lb in layouts(&m) {
                 let a: Tensor<DistributedBackend<I>, 2> = distribute(da.clone(), &m, &la).unwrap();
                 let b: Tensor<DistributedBackend<I>, 2> = distribute(db.clone(), &m, &lb).unwrap();
-                a.matmul(b).into_data().convert::<f32>().assert_approx_eq::<f32>(&want, tol());
+                a.matmul(b)
+                    .into_data()
+                    .convert::<f32>()
+                    .assert_approx_eq::<f32>(&want, tol());
             }
         }
     }
@@ -66,22 +74,38 @@ pub fn matmul<I: Backend>(device: I::Device) {
 /// ops with broadcasting.
 pub fn reductions<I: Backend>(device: I::Device) {
     let m = mesh::<I>(&device);
-    for (shape, l) in [[5, 7], [4, 6]].into_iter().flat_map(|s| layouts(&m).into_iter().map(move |l| (s, l))) {
+    for (shape, l) in [[5, 7], [4, 6]]
+        .into_iter()
+        .flat_map(|s| layouts(&m).into_iter().map(move |l| (s, l)))
+    {
         let d = data(shape, 3);
         let o = oracle(&d);
         let t: Tensor<DistributedBackend<I>, 2> = distribute(d.clone(), &m, &l).unwrap();
-        let c = |x: Tensor<DistributedBackend<I>, 2>, want: Tensor<NdArray, 2>| x.into_data().convert::<f32>().assert_approx_eq::<f32>(&want.into_data(), tol());
+        let c = |x: Tensor<DistributedBackend<I>, 2>, want: Tensor<NdArray, 2>| {
+            x.into_data()
+                .convert::<f32>()
+                .assert_approx_eq::<f32>(&want.into_data(), tol())
+        };
         for dim in 0..2 {
             c(t.clone().sum_dim(dim), o.clone().sum_dim(dim));
             c(t.clone().mean_dim(dim), o.clone().mean_dim(dim));
             c(t.clone().max_dim(dim), o.clone().max_dim(dim));
             c(t.clone().min_dim(dim), o.clone().min_dim(dim));
             c(t.clone().var(dim), o.clone().var(dim));
-            c(burn::tensor::activation::softmax(t.clone(), dim), burn::tensor::activation::softmax(o.clone(), dim));
+            c(
+                burn::tensor::activation::softmax(t.clone(), dim),
+                burn::tensor::activation::softmax(o.clone(), dim),
+            );
         }
         c(t.clone().sum().unsqueeze(), o.clone().sum().unsqueeze());
-        c(t.clone() * t.clone().mean_dim(0) + t.clone().exp(), o.clone() * o.clone().mean_dim(0) + o.clone().exp());
-        c(burn::tensor::activation::relu(t.clone()).transpose(), burn::tensor::activation::relu(o.clone()).transpose());
+        c(
+            t.clone() * t.clone().mean_dim(0) + t.clone().exp(),
+            o.clone() * o.clone().mean_dim(0) + o.clone().exp(),
+        );
+        c(
+            burn::tensor::activation::relu(t.clone()).transpose(),
+            burn::tensor::activation::relu(o.clone()).transpose(),
+        );
     }
 }
 
@@ -97,7 +121,11 @@ pub fn relayouts<I: Backend>(device: I::Device) {
         for from in layouts(&m) {
             for to in layouts(&m) {
                 let t: Tensor<DistributedBackend<I>, 2> = distribute(d.clone(), &m, &from).unwrap();
-                relayout(t, &to).unwrap().into_data().convert::<f32>().assert_approx_eq::<f32>(&want, tol());
+                relayout(t, &to)
+                    .unwrap()
+                    .into_data()
+                    .convert::<f32>()
+                    .assert_approx_eq::<f32>(&want, tol());
             }
         }
         // Pending reductions: relayout a replicated value into a partial (sum keeps it on
@@ -108,9 +136,14 @@ pub fn relayouts<I: Backend>(device: I::Device) {
                     continue;
                 }
                 let p = Layout::replicated(&m, 2).with_partial(1, op);
-                let t: Tensor<DistributedBackend<I>, 2> = distribute(d.clone(), &m, &Layout::replicated(&m, 2)).unwrap();
+                let t: Tensor<DistributedBackend<I>, 2> =
+                    distribute(d.clone(), &m, &Layout::replicated(&m, 2)).unwrap();
                 let t = relayout(t, &p).unwrap();
-                relayout(t, &to).unwrap().into_data().convert::<f32>().assert_approx_eq::<f32>(&want, tol());
+                relayout(t, &to)
+                    .unwrap()
+                    .into_data()
+                    .convert::<f32>()
+                    .assert_approx_eq::<f32>(&want, tol());
             }
         }
     }
@@ -124,12 +157,20 @@ pub fn sliced_shards<I: Backend>(device: I::Device) {
     let want_mm = oracle(&dx).matmul(oracle(&dw)).into_data();
     let want_upd = (oracle(&dw) - oracle(&dg).mul_scalar(0.5)).into_data();
     for to in layouts(&m) {
-        let x: Tensor<DistributedBackend<I>, 2> = distribute(dx.clone(), &m, &Layout::replicated(&m, 2)).unwrap();
-        let w: Tensor<DistributedBackend<I>, 2> = distribute(dw.clone(), &m, &Layout::replicated(&m, 2)).unwrap();
+        let x: Tensor<DistributedBackend<I>, 2> =
+            distribute(dx.clone(), &m, &Layout::replicated(&m, 2)).unwrap();
+        let w: Tensor<DistributedBackend<I>, 2> =
+            distribute(dw.clone(), &m, &Layout::replicated(&m, 2)).unwrap();
         let w = relayout(w, &to).unwrap();
-        x.matmul(w.clone()).into_data().convert::<f32>().assert_approx_eq::<f32>(&want_mm, tol());
+        x.matmul(w.clone())
+            .into_data()
+            .convert::<f32>()
+            .assert_approx_eq::<f32>(&want_mm, tol());
         let g: Tensor<DistributedBackend<I>, 2> = distribute(dg.clone(), &m, &to).unwrap();
-        (w - g.mul_scalar(0.5)).into_data().convert::<f32>().assert_approx_eq::<f32>(&want_upd, tol());
+        (w - g.mul_scalar(0.5))
+            .into_data()
+            .convert::<f32>()
+            .assert_approx_eq::<f32>(&want_upd, tol());
     }
 }
 
@@ -139,15 +180,34 @@ pub fn gradients<I: Backend>(device: I::Device) {
     type Ad<I> = burn::backend::Autodiff<DistributedBackend<I>>;
     let m = mesh::<I>(&device);
     let (dx, dw) = (data([6, 5], 5), data([5, 3], 6));
-    let ox = Tensor::<burn::backend::Autodiff<NdArray>, 2>::from_data(dx.clone(), &Default::default());
-    let ow = Tensor::<burn::backend::Autodiff<NdArray>, 2>::from_data(dw.clone(), &Default::default()).require_grad();
-    let g = burn::tensor::activation::log_softmax(ox.matmul(ow.clone()), 1).sum().backward();
+    let ox =
+        Tensor::<burn::backend::Autodiff<NdArray>, 2>::from_data(dx.clone(), &Default::default());
+    let ow =
+        Tensor::<burn::backend::Autodiff<NdArray>, 2>::from_data(dw.clone(), &Default::default())
+            .require_grad();
+    let g = burn::tensor::activation::log_softmax(ox.matmul(ow.clone()), 1)
+        .sum()
+        .backward();
     let want = ow.grad(&g).unwrap().into_data();
-    for (lx, lw) in [(["a", "unsharded"], ["unsharded", "unsharded"]), (["a", "b"], ["b", "unsharded"]), (["unsharded", "unsharded"], ["unsharded", "b"])] {
-        let x: Tensor<Ad<I>, 2> = distribute(dx.clone(), &m, &Layout::new(&m, lx).unwrap()).unwrap();
-        let w: Tensor<Ad<I>, 2> = distribute::<Ad<I>, 2>(dw.clone(), &m, &Layout::new(&m, lw).unwrap()).unwrap().require_grad();
-        let g = burn::tensor::activation::log_softmax(x.matmul(w.clone()), 1).sum().backward();
-        w.grad(&g).unwrap().into_data().convert::<f32>().assert_approx_eq::<f32>(&want, tol());
+    for (lx, lw) in [
+        (["a", "unsharded"], ["unsharded", "unsharded"]),
+        (["a", "b"], ["b", "unsharded"]),
+        (["unsharded", "unsharded"], ["unsharded", "b"]),
+    ] {
+        let x: Tensor<Ad<I>, 2> =
+            distribute(dx.clone(), &m, &Layout::new(&m, lx).unwrap()).unwrap();
+        let w: Tensor<Ad<I>, 2> =
+            distribute::<Ad<I>, 2>(dw.clone(), &m, &Layout::new(&m, lw).unwrap())
+                .unwrap()
+                .require_grad();
+        let g = burn::tensor::activation::log_softmax(x.matmul(w.clone()), 1)
+            .sum()
+            .backward();
+        w.grad(&g)
+            .unwrap()
+            .into_data()
+            .convert::<f32>()
+            .assert_approx_eq::<f32>(&want, tol());
     }
 }
 
@@ -160,40 +220,89 @@ pub fn gradients<I: Backend>(device: I::Device) {
 /// communication recorded.
 pub fn deferred_partials<I: Backend>(device: I::Device) {
     let m = mesh::<I>(&device);
-    let d3 = |shape: [usize; 3], seed: usize| TensorData::new(data([shape[0] * shape[1], shape[2]], seed).to_vec::<f32>().unwrap(), shape);
+    let d3 = |shape: [usize; 3], seed: usize| {
+        TensorData::new(
+            data([shape[0] * shape[1], shape[2]], seed)
+                .to_vec::<f32>()
+                .unwrap(),
+            shape,
+        )
+    };
     // `a` shards k on both sides; then also the rows (b); then a batch dim (b). The products
     // outnumber the operands (as a weight gradient's do), so they are deferred.
-    deferred_case::<I, 2>(&m, data([8, 2], 1), ["unsharded", "a"], data([2, 8], 2), ["a", "unsharded"]);
-    deferred_case::<I, 2>(&m, data([8, 2], 1), ["b", "a"], data([2, 8], 2), ["a", "unsharded"]);
-    deferred_case::<I, 3>(&m, d3([2, 8, 2], 1), ["b", "unsharded", "a"], d3([2, 2, 8], 2), ["b", "a", "unsharded"]);
+    deferred_case::<I, 2>(
+        &m,
+        data([8, 2], 1),
+        ["unsharded", "a"],
+        data([2, 8], 2),
+        ["a", "unsharded"],
+    );
+    deferred_case::<I, 2>(
+        &m,
+        data([8, 2], 1),
+        ["b", "a"],
+        data([2, 8], 2),
+        ["a", "unsharded"],
+    );
+    deferred_case::<I, 3>(
+        &m,
+        d3([2, 8, 2], 1),
+        ["b", "unsharded", "a"],
+        d3([2, 2, 8], 2),
+        ["b", "a", "unsharded"],
+    );
 }
 
-fn deferred_case<I: Backend, const D: usize>(stacked: &Mesh<I::Device>, dx: TensorData, lx: [&str; D], dw: TensorData, lw: [&str; D]) {
+fn deferred_case<I: Backend, const D: usize>(
+    stacked: &Mesh<I::Device>,
+    dx: TensorData,
+    lx: [&str; D],
+    dw: TensorData,
+    lw: [&str; D],
+) {
     let per_device = stacked.with_stacked_execution(false);
     let run = |m: &Mesh<I::Device>| {
-        let x: Tensor<DistributedBackend<I>, D> = distribute(dx.clone(), m, &Layout::new(m, lx).unwrap()).unwrap();
-        let w: Tensor<DistributedBackend<I>, D> = distribute(dw.clone(), m, &Layout::new(m, lw).unwrap()).unwrap();
+        let x: Tensor<DistributedBackend<I>, D> =
+            distribute(dx.clone(), m, &Layout::new(m, lx).unwrap()).unwrap();
+        let w: Tensor<DistributedBackend<I>, D> =
+            distribute(dw.clone(), m, &Layout::new(m, lw).unwrap()).unwrap();
         let mut scatter = ["unsharded"; D];
         scatter[D - 1] = "a";
         burn_dtensor::record_comms(|| {
             let y = x.clone().matmul(w.clone());
             assert!(burn_dtensor::layout(&y).is_partial());
-            let shards: Vec<TensorData> = burn_dtensor::to_local_shards(y.clone()).into_iter().map(|s| s.into_data()).collect();
+            let shards: Vec<TensorData> = burn_dtensor::to_local_shards(y.clone())
+                .into_iter()
+                .map(|s| s.into_data())
+                .collect();
             let sum = y.clone() + x.matmul(w.mul_scalar(2.0));
             let scattered = relayout(y.clone(), &Layout::new(m, scatter).unwrap()).unwrap();
-            [y.into_data(), sum.into_data(), scattered.into_data()].into_iter().chain(shards).collect::<Vec<_>>()
+            [y.into_data(), sum.into_data(), scattered.into_data()]
+                .into_iter()
+                .chain(shards)
+                .collect::<Vec<_>>()
         })
     };
     let (got, log) = run(stacked);
     let (got1, log1) = run(&per_device);
-    let (ox, ow) = (Tensor::<NdArray, D>::from_data(dx.clone(), &Default::default()), Tensor::<NdArray, D>::from_data(dw.clone(), &Default::default()));
+    let (ox, ow) = (
+        Tensor::<NdArray, D>::from_data(dx.clone(), &Default::default()),
+        Tensor::<NdArray, D>::from_data(dw.clone(), &Default::default()),
+    );
     let want = ox.clone().matmul(ow.clone());
-    let mut wants = vec![want.clone().into_data(), want.clone().mul_scalar(3.0).into_data(), want.into_data()];
+    let mut wants = vec![
+        want.clone().into_data(),
+        want.clone().mul_scalar(3.0).into_data(),
+        want.into_data(),
+    ];
     // Shard of mesh device i = (a, b): `a` picks the k chunk, `b` the row or batch chunk.
     let k = dx.shape[D - 1] / 2;
     for i in 0..4 {
         let (ca, cb) = (i / 2, i % 2);
-        let (mut xi, mut wi) = (ox.clone().narrow(D - 1, ca * k, k), ow.clone().narrow(D - 2, ca * k, k));
+        let (mut xi, mut wi) = (
+            ox.clone().narrow(D - 1, ca * k, k),
+            ow.clone().narrow(D - 2, ca * k, k),
+        );
         for (d, l) in lx.iter().enumerate().take(D - 1) {
             if *l == "b" {
                 let n = dx.shape[d] / 2;
@@ -208,7 +317,9 @@ fn deferred_case<I: Backend, const D: usize>(stacked: &Mesh<I::Device>, dx: Tens
     assert_eq!(got.len(), wants.len());
     for ((g, g1), w) in got.iter().zip(&got1).zip(&wants) {
         g.clone().convert::<f32>().assert_approx_eq::<f32>(w, tol());
-        g1.clone().convert::<f32>().assert_approx_eq::<f32>(w, tol());
+        g1.clone()
+            .convert::<f32>()
+            .assert_approx_eq::<f32>(w, tol());
     }
     assert_eq!(log.summary(), log1.summary(), "{lx:?} @ {lw:?}");
     assert!(!log.events.is_empty());
@@ -217,17 +328,37 @@ fn deferred_case<I: Backend, const D: usize>(stacked: &Mesh<I::Device>, dx: Tens
 /// The suite's tests, instantiated per backend by `common::suite!`.
 macro_rules! backend_suite {
     ($name:ident, $backend:ty, $device:expr) => {
-        suite!($name, $backend, $device, [matmul, reductions, relayouts, sliced_shards, gradients, deferred_partials]);
+        suite!(
+            $name,
+            $backend,
+            $device,
+            [
+                matmul,
+                reductions,
+                relayouts,
+                sliced_shards,
+                gradients,
+                deferred_partials
+            ]
+        );
     };
 }
 
 backend_suite!(flex, burn::backend::Flex, Default::default());
 backend_suite!(ndarray, burn::backend::NdArray, Default::default());
 #[cfg(feature = "wgpu")]
-backend_suite!(wgpu, crate::common::WgpuPlain, burn::backend::wgpu::WgpuDevice::Cpu);
+backend_suite!(
+    wgpu,
+    crate::common::WgpuPlain,
+    burn::backend::wgpu::WgpuDevice::Cpu
+);
 // With the `fusion` feature, `burn::backend::Wgpu` is `Fusion<CubeBackend<..>>`: the same suite
 // on the fused backend (the CubeCL collective kernels do not apply there; the generic path runs).
 #[cfg(feature = "fusion")]
-backend_suite!(wgpu_fusion, burn::backend::Wgpu, burn::backend::wgpu::WgpuDevice::Cpu);
+backend_suite!(
+    wgpu_fusion,
+    burn::backend::Wgpu,
+    burn::backend::wgpu::WgpuDevice::Cpu
+);
 #[cfg(feature = "cuda")]
 backend_suite!(cuda, crate::common::CudaPlain, Default::default());

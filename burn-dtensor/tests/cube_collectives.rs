@@ -68,7 +68,9 @@ fn launches<R>(f: impl FnOnce() -> R) -> (R, u64) {
 pub fn all_reduce_each_op<I: Backend>(device: I::Device) {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     for k in [2usize, 3, 8] {
-        let mesh = Mesh::new([("x", k)], vec![device.clone(); k]).unwrap().with_stacked_execution(false);
+        let mesh = Mesh::new([("x", k)], vec![device.clone(); k])
+            .unwrap()
+            .with_stacked_execution(false);
         for shape in [[1usize, 1], [1, 3], [5, 7], [4, 16], [1, 1027]] {
             let n = shape[0] * shape[1];
             for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
@@ -96,7 +98,9 @@ pub fn all_reduce_each_op<I: Backend>(device: I::Device) {
 /// 2 x 3 mesh (two groups, so two launches).
 pub fn reduce_scatter_uneven<I: Backend>(device: I::Device) {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let mesh = Mesh::new([("a", 2), ("b", 3)], vec![device.clone(); 6]).unwrap().with_stacked_execution(false);
+    let mesh = Mesh::new([("a", 2), ("b", 3)], vec![device.clone(); 6])
+        .unwrap()
+        .with_stacked_execution(false);
     let shape = [7usize, 5];
     for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
         let parts: Vec<Vec<f32>> = (0..6).map(|s| values(35, s + 3)).collect();
@@ -135,7 +139,9 @@ pub fn reduce_scatter_uneven<I: Backend>(device: I::Device) {
 /// empty shard (2 rows over 3 devices), for float and int tensors.
 pub fn all_gather_uneven<I: Backend>(device: I::Device) {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let mesh = Mesh::new([("a", 2), ("b", 3)], vec![device.clone(); 6]).unwrap().with_stacked_execution(false);
+    let mesh = Mesh::new([("a", 2), ("b", 3)], vec![device.clone(); 6])
+        .unwrap()
+        .with_stacked_execution(false);
     for (shape, spec) in [
         ([7usize, 5, 1], ["b", "unsharded", "unsharded"]),
         ([5, 7, 1], ["unsharded", "b", "unsharded"]),
@@ -182,14 +188,26 @@ pub fn all_gather_uneven<I: Backend>(device: I::Device) {
 /// assembles its columns in one launch.
 pub fn all_to_all_uneven<I: Backend>(device: I::Device) {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let mesh = Mesh::new([("x", 3)], vec![device.clone(); 3]).unwrap().with_stacked_execution(false);
+    let mesh = Mesh::new([("x", 3)], vec![device.clone(); 3])
+        .unwrap()
+        .with_stacked_execution(false);
     let data = TensorData::new(values(35, 9), [7, 5]);
     let full = data.to_vec::<f32>().unwrap();
-    let t: Tensor<DistributedBackend<I>, 2> = distribute(data, &mesh, &Layout::new(&mesh, ["x", "unsharded"]).unwrap()).unwrap();
-    let (out, l) = launches(|| shards_f32(relayout(t, &Layout::new(&mesh, ["unsharded", "x"]).unwrap()).unwrap()));
+    let t: Tensor<DistributedBackend<I>, 2> = distribute(
+        data,
+        &mesh,
+        &Layout::new(&mesh, ["x", "unsharded"]).unwrap(),
+    )
+    .unwrap();
+    let (out, l) = launches(|| {
+        shards_f32(relayout(t, &Layout::new(&mesh, ["unsharded", "x"]).unwrap()).unwrap())
+    });
     assert_eq!(l, 3, "one launch per device");
     for (d, cols) in [0..2usize, 2..4, 4..5].into_iter().enumerate() {
-        let want: Vec<f32> = (0..7).flat_map(|r| cols.clone().map(move |c| (r, c))).map(|(r, c)| full[r * 5 + c]).collect();
+        let want: Vec<f32> = (0..7)
+            .flat_map(|r| cols.clone().map(move |c| (r, c)))
+            .map(|(r, c)| full[r * 5 + c])
+            .collect();
         assert_eq!(out[d], (vec![7, cols.len()], want), "device {d}");
     }
 }
@@ -198,7 +216,9 @@ pub fn all_to_all_uneven<I: Backend>(device: I::Device) {
 /// equals the inner backend on the whole tensor.
 pub fn partial_matmul<I: Backend>(device: I::Device) {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let mesh = Mesh::new([("x", 4)], vec![device.clone(); 4]).unwrap().with_stacked_execution(false);
+    let mesh = Mesh::new([("x", 4)], vec![device.clone(); 4])
+        .unwrap()
+        .with_stacked_execution(false);
     let (a, b) = (
         TensorData::new(values(6 * 10, 1), [6, 10]),
         TensorData::new(values(10 * 3, 2), [10, 3]),
@@ -224,7 +244,18 @@ pub fn partial_matmul<I: Backend>(device: I::Device) {
 /// The suite's tests, instantiated per backend by `common::suite!`.
 macro_rules! kernel_suite {
     ($name:ident, $backend:ty, $device:expr) => {
-        suite!($name, $backend, $device, [all_reduce_each_op, reduce_scatter_uneven, all_gather_uneven, all_to_all_uneven, partial_matmul]);
+        suite!(
+            $name,
+            $backend,
+            $device,
+            [
+                all_reduce_each_op,
+                reduce_scatter_uneven,
+                all_gather_uneven,
+                all_to_all_uneven,
+                partial_matmul
+            ]
+        );
     };
 }
 
@@ -232,6 +263,10 @@ macro_rules! kernel_suite {
 // and `Cuda` are `Fusion<CubeBackend<..>>`, whose collectives take the generic path (tested by
 // `backends.rs`' `wgpu_fusion` suite).
 #[cfg(feature = "wgpu")]
-kernel_suite!(wgpu, crate::common::WgpuPlain, burn::backend::wgpu::WgpuDevice::Cpu);
+kernel_suite!(
+    wgpu,
+    crate::common::WgpuPlain,
+    burn::backend::wgpu::WgpuDevice::Cpu
+);
 #[cfg(feature = "cuda")]
 kernel_suite!(cuda, crate::common::CudaPlain, Default::default());

@@ -21,8 +21,9 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Distribution, IndexingUpdateOp, Int, Slice, Tensor, TensorData};
 use burn_dtensor::shard::local_ranges;
 use burn_dtensor::{
-    CollectiveKind, DTensorError, DistributedBackend, DistributedDevice, DistributedOps, Layout, Mesh, ReduceOp, UNSHARDED, describe, distribute, distribute_int,
-    layout, layout_int, record_comms, relayout, relayout_int, to_local_shards,
+    CollectiveKind, DTensorError, DistributedBackend, DistributedDevice, DistributedOps, Layout,
+    Mesh, ReduceOp, UNSHARDED, describe, distribute, distribute_int, layout, layout_int,
+    record_comms, relayout, relayout_int, to_local_shards,
 };
 use proptest::prelude::*;
 
@@ -52,7 +53,9 @@ const MESHES: &[&[(&str, usize)]] = &[
 /// property covers both.
 fn mesh(i: usize) -> Mesh<Dev> {
     let n = MESHES.len();
-    Mesh::virtual_devices(MESHES[i % n].iter().copied(), Dev::default()).unwrap().with_stacked_execution(i < n)
+    Mesh::virtual_devices(MESHES[i % n].iter().copied(), Dev::default())
+        .unwrap()
+        .with_stacked_execution(i < n)
 }
 
 fn mdev(m: &Mesh<Dev>) -> DistributedDevice<Dev> {
@@ -70,12 +73,23 @@ struct LSpec {
 }
 
 fn lspec() -> impl Strategy<Value = LSpec> {
-    let partial = prop::option::weighted(0.4, (0usize..3, prop::bool::weighted(0.2), prop::bool::weighted(0.3)));
-    (prop::collection::vec(0usize..4, 5), partial).prop_map(|(dims, partial)| LSpec { dims, partial })
+    let partial = prop::option::weighted(
+        0.4,
+        (
+            0usize..3,
+            prop::bool::weighted(0.2),
+            prop::bool::weighted(0.3),
+        ),
+    );
+    (prop::collection::vec(0usize..4, 5), partial)
+        .prop_map(|(dims, partial)| LSpec { dims, partial })
 }
 
 fn lspec_settled() -> impl Strategy<Value = LSpec> {
-    prop::collection::vec(0usize..4, 5).prop_map(|dims| LSpec { dims, partial: None })
+    prop::collection::vec(0usize..4, 5).prop_map(|dims| LSpec {
+        dims,
+        partial: None,
+    })
 }
 
 fn build(m: &Mesh<Dev>, rank: usize, s: &LSpec) -> Layout {
@@ -128,7 +142,12 @@ fn numel(shape: &[usize]) -> usize {
 /// Multiples of 1/8 in [-2, 2].
 fn data(shape: &[usize], seed: u64) -> TensorData {
     let mut r = Rng(seed);
-    TensorData::new((0..numel(shape)).map(|_| (r.below(33) as f32 - 16.0) / 8.0).collect::<Vec<f32>>(), shape.to_vec())
+    TensorData::new(
+        (0..numel(shape))
+            .map(|_| (r.below(33) as f32 - 16.0) / 8.0)
+            .collect::<Vec<f32>>(),
+        shape.to_vec(),
+    )
 }
 
 /// Multiples of 1/8 of magnitude in [0.5, 2.5] (safe denominators).
@@ -147,14 +166,23 @@ fn data_nz(shape: &[usize], seed: u64) -> TensorData {
 
 fn int_data(shape: &[usize], seed: u64, hi: usize) -> TensorData {
     let mut r = Rng(seed);
-    TensorData::new((0..numel(shape)).map(|_| r.below(hi) as i64).collect::<Vec<i64>>(), shape.to_vec())
+    TensorData::new(
+        (0..numel(shape))
+            .map(|_| r.below(hi) as i64)
+            .collect::<Vec<i64>>(),
+        shape.to_vec(),
+    )
 }
 
 /// The distributed tensor: `distribute` under the settled layout, then (for a partial layout)
 /// `relayout` to it.
 fn dist<const D: usize>(m: &Mesh<Dev>, d: &TensorData, l: &Layout) -> Tensor<DB, D> {
     let t: Tensor<DB, D> = distribute(d.clone(), m, &l.without_partial()).unwrap();
-    let t = if l.is_partial() { relayout(t, l).unwrap() } else { t };
+    let t = if l.is_partial() {
+        relayout(t, l).unwrap()
+    } else {
+        t
+    };
     assert_eq!(&layout(&t), l);
     t
 }
@@ -183,12 +211,20 @@ fn close(got: &[f32], want: &[f32]) -> Result<(), String> {
     }
     let mut bad = Vec::new();
     for (i, (&a, &b)) in got.iter().zip(want).enumerate() {
-        let same = (a.is_nan() && b.is_nan()) || a == b || (a.is_finite() && b.is_finite() && (a - b).abs() <= 1e-4 * a.abs().max(b.abs()) + 1e-5);
+        let same = (a.is_nan() && b.is_nan())
+            || a == b
+            || (a.is_finite()
+                && b.is_finite()
+                && (a - b).abs() <= 1e-4 * a.abs().max(b.abs()) + 1e-5);
         if !same && bad.len() < 5 {
             bad.push(format!("[{i}] {a} != {b}"));
         }
     }
-    if bad.is_empty() { Ok(()) } else { Err(bad.join(", ")) }
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(bad.join(", "))
+    }
 }
 
 /// The box `ranges` of a row-major buffer of `shape`.
@@ -227,14 +263,19 @@ fn check<const D: usize>(what: &str, got: Tensor<DB, D>, want: Tensor<N, D>) {
     close(&g, &w).unwrap_or_else(|e| panic!("{what} -> {desc}: {e}"));
     // Every device's own shard (a partial result is settled first).
     let l = layout(&got);
-    let settled = if l.is_partial() { relayout(got, &l.without_partial()).unwrap() } else { got };
+    let settled = if l.is_partial() {
+        relayout(got, &l.without_partial()).unwrap()
+    } else {
+        got
+    };
     let sl = layout(&settled);
     for (i, s) in to_local_shards(settled).into_iter().enumerate() {
         let ranges = local_ranges(&sl, &shape, i);
         let lens: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
         assert_eq!(s.dims().to_vec(), lens, "{what} -> {desc}: shard {i} shape");
         let v: Vec<f32> = s.into_data().to_vec().unwrap();
-        close(&v, &extract(&w, &shape, &ranges)).unwrap_or_else(|e| panic!("{what} -> {desc}: shard {i}: {e}"));
+        close(&v, &extract(&w, &shape, &ranges))
+            .unwrap_or_else(|e| panic!("{what} -> {desc}: shard {i}: {e}"));
     }
 }
 
@@ -265,7 +306,11 @@ macro_rules! by_rank {
 }
 
 fn config() -> ProptestConfig {
-    ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() }
+    ProptestConfig {
+        cases: 64,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
 }
 
 fn shape_strat() -> impl Strategy<Value = Vec<usize>> {
@@ -297,17 +342,38 @@ fn unary_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ls: &LSpec, seed: 
     check("abs.sqrt", x().abs().sqrt(), o().abs().sqrt());
     check("powf_scalar", x().powf_scalar(2.0), o().powf_scalar(2.0));
     check("clamp", x().clamp(-0.5, 1.0), o().clamp(-0.5, 1.0));
-    check("neg.mul_scalar.exp", x().neg().mul_scalar(0.5).exp(), o().neg().mul_scalar(0.5).exp());
+    check(
+        "neg.mul_scalar.exp",
+        x().neg().mul_scalar(0.5).exp(),
+        o().neg().mul_scalar(0.5).exp(),
+    );
 }
 
 fn broadcast_shape(shape: &[usize], ones: &[bool]) -> Vec<usize> {
-    shape.iter().enumerate().map(|(d, &n)| if ones[d] { 1 } else { n }).collect()
+    shape
+        .iter()
+        .enumerate()
+        .map(|(d, &n)| if ones[d] { 1 } else { n })
+        .collect()
 }
 
 #[allow(clippy::too_many_arguments)]
-fn binary_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ones: &[bool], swap: bool, la: &LSpec, lb: &LSpec, same_partial: bool, seed: u64) {
+fn binary_case<const D: usize>(
+    m: &Mesh<Dev>,
+    shape: &[usize],
+    ones: &[bool],
+    swap: bool,
+    la: &LSpec,
+    lb: &LSpec,
+    same_partial: bool,
+    seed: u64,
+) {
     let small = broadcast_shape(shape, ones);
-    let (sa, sb) = if swap { (small, shape.to_vec()) } else { (shape.to_vec(), small) };
+    let (sa, sb) = if swap {
+        (small, shape.to_vec())
+    } else {
+        (shape.to_vec(), small)
+    };
     let (da, db) = (data_nz(&sa, seed), data_nz(&sb, seed ^ 0xB));
     let la = build(m, D, la);
     let mut lb = build(m, D, lb);
@@ -332,13 +398,29 @@ fn binary_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ones: &[bool], sw
     check("rdiv", b().div(a()), ob().div(oa()));
     check("(a*b)+a", a().mul(b()).add(a()), oa().mul(ob()).add(oa()));
     check("(a-b).exp", a().sub(b()).exp(), oa().sub(ob()).exp());
-    check("a*2-b", a().mul_scalar(2.0).sub(b()), oa().mul_scalar(2.0).sub(ob()));
+    check(
+        "a*2-b",
+        a().mul_scalar(2.0).sub(b()),
+        oa().mul_scalar(2.0).sub(ob()),
+    );
 }
 
 #[allow(clippy::too_many_arguments)]
-fn compare_mask_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ones: &[bool], la: &LSpec, lb: &LSpec, lc: &LSpec, seed: u64) {
+fn compare_mask_case<const D: usize>(
+    m: &Mesh<Dev>,
+    shape: &[usize],
+    ones: &[bool],
+    la: &LSpec,
+    lb: &LSpec,
+    lc: &LSpec,
+    seed: u64,
+) {
     let small = broadcast_shape(shape, ones);
-    let (da, db, dc) = (data(shape, seed), data(&small, seed ^ 0xB), data(shape, seed ^ 0xC));
+    let (da, db, dc) = (
+        data(shape, seed),
+        data(&small, seed ^ 0xB),
+        data(shape, seed ^ 0xC),
+    );
     let (la, lb, lc) = (build(m, D, la), build(m, D, lb), build(m, D, lc));
     let a = || dist::<D>(m, &da, &la);
     let b = || dist::<D>(m, &db, &lb);
@@ -347,18 +429,38 @@ fn compare_mask_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ones: &[boo
     check_bool("greater", a().greater(b()), oa().greater(ob()));
     check_bool("lower_equal", a().lower_equal(b()), oa().lower_equal(ob()));
     check_bool("equal", a().equal(b()), oa().equal(ob()));
-    check_bool("greater_elem", a().greater_elem(0.25), oa().greater_elem(0.25));
+    check_bool(
+        "greater_elem",
+        a().greater_elem(0.25),
+        oa().greater_elem(0.25),
+    );
     // A mask of a third layout.
     let mask = || c().lower_elem(0.0);
     let omask = || oc().lower_elem(0.0);
-    check("mask_fill", a().mask_fill(mask(), 9.0), oa().mask_fill(omask(), 9.0));
-    check("mask_where", a().mask_where(mask(), c().mul_scalar(3.0)), oa().mask_where(omask(), oc().mul_scalar(3.0)));
+    check(
+        "mask_fill",
+        a().mask_fill(mask(), 9.0),
+        oa().mask_fill(omask(), 9.0),
+    );
+    check(
+        "mask_where",
+        a().mask_where(mask(), c().mul_scalar(3.0)),
+        oa().mask_where(omask(), oc().mul_scalar(3.0)),
+    );
     // A mask from a broadcast comparison.
     let bm = || a().greater(b());
     let obm = || oa().greater(ob());
-    check("mask_where(a>b, a, c)", c().mask_where(bm(), a()), oc().mask_where(obm(), oa()));
+    check(
+        "mask_where(a>b, a, c)",
+        c().mask_where(bm(), a()),
+        oc().mask_where(obm(), oa()),
+    );
     check("bool_into_float", bm().float(), obm().float());
-    check_bool("bool_not.and", bm().bool_not().bool_and(mask()), obm().bool_not().bool_and(omask()));
+    check_bool(
+        "bool_not.and",
+        bm().bool_not().bool_and(mask()),
+        obm().bool_not().bool_and(omask()),
+    );
 }
 
 /// Every settled layout of a rank-`rank` tensor on `m`, plus, for each, every pending
@@ -366,13 +468,18 @@ fn compare_mask_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ones: &[boo
 fn all_layouts_with_partial(m: &Mesh<Dev>, rank: usize) -> Vec<Layout> {
     let mut out = Vec::new();
     for l in all_layouts(m, rank) {
-        let free: Vec<usize> = (0..m.topology().ndim()).filter(|&a| l.axis_dim(a).is_none()).collect();
+        let free: Vec<usize> = (0..m.topology().ndim())
+            .filter(|&a| l.axis_dim(a).is_none())
+            .collect();
         for &a in &free {
             out.push(l.clone().with_partial(a, ReduceOp::Sum));
             out.push(l.clone().with_partial(a, ReduceOp::Max));
         }
         if free.len() > 1 {
-            out.push(free.iter().fold(l.clone(), |l, &a| l.with_partial(a, ReduceOp::Sum)));
+            out.push(
+                free.iter()
+                    .fold(l.clone(), |l, &a| l.with_partial(a, ReduceOp::Sum)),
+            );
         }
         out.push(l);
     }
@@ -434,10 +541,21 @@ proptest! {
 // Matmul
 // ---------------------------------------------------------------------------------------------
 
-fn matmul_case<const D: usize>(m: &Mesh<Dev>, ls: &[usize], rs: &[usize], la: &Layout, lb: &Layout, seed: u64) {
+fn matmul_case<const D: usize>(
+    m: &Mesh<Dev>,
+    ls: &[usize],
+    rs: &[usize],
+    la: &Layout,
+    lb: &Layout,
+    seed: u64,
+) {
     let (da, db) = (data(ls, seed), data(rs, seed ^ 0xB));
     let got = dist::<D>(m, &da, la).matmul(dist::<D>(m, &db, lb));
-    check(&format!("matmul {la} x {lb}"), got, orc::<D>(&da).matmul(orc::<D>(&db)));
+    check(
+        &format!("matmul {la} x {lb}"),
+        got,
+        orc::<D>(&da).matmul(orc::<D>(&db)),
+    );
 }
 
 /// Every layout (each dim unsharded or a distinct axis) of a rank-`rank` tensor on `m`.
@@ -542,9 +660,21 @@ fn reduce_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ls: &LSpec, dim: 
     check("cumsum", x().cumsum(dim), o().cumsum(dim));
     check_int("argmax", x().argmax(dim), o().argmax(dim));
     check_int("argmin", x().argmin(dim), o().argmin(dim));
-    check("sum_dim.exp", x().sum_dim(dim).exp(), o().sum_dim(dim).exp());
-    check("max_dim.neg", x().max_dim(dim).neg(), o().max_dim(dim).neg());
-    check("sum_dim twice", x().sum_dim(dim).sum_dim(D - 1 - dim), o().sum_dim(dim).sum_dim(D - 1 - dim));
+    check(
+        "sum_dim.exp",
+        x().sum_dim(dim).exp(),
+        o().sum_dim(dim).exp(),
+    );
+    check(
+        "max_dim.neg",
+        x().max_dim(dim).neg(),
+        o().max_dim(dim).neg(),
+    );
+    check(
+        "sum_dim twice",
+        x().sum_dim(dim).sum_dim(D - 1 - dim),
+        o().sum_dim(dim).sum_dim(D - 1 - dim),
+    );
     let (v, i) = x().max_dim_with_indices(dim);
     let (ov, oi) = o().max_dim_with_indices(dim);
     check("max_dim_with_indices", v, ov);
@@ -552,10 +682,25 @@ fn reduce_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ls: &LSpec, dim: 
 }
 
 /// Int tensors: arithmetic, reductions (partial int sums and maxima), comparisons, casts.
-fn int_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], la: &LSpec, lb: &LSpec, dim: usize, seed: u64) {
+fn int_case<const D: usize>(
+    m: &Mesh<Dev>,
+    shape: &[usize],
+    la: &LSpec,
+    lb: &LSpec,
+    dim: usize,
+    seed: u64,
+) {
     let dim = dim % D;
     let da = int_data(shape, seed, 7);
-    let db = TensorData::new(int_data(shape, seed ^ 1, 4).to_vec::<i64>().unwrap().into_iter().map(|v| v + 1).collect::<Vec<i64>>(), shape.to_vec());
+    let db = TensorData::new(
+        int_data(shape, seed ^ 1, 4)
+            .to_vec::<i64>()
+            .unwrap()
+            .into_iter()
+            .map(|v| v + 1)
+            .collect::<Vec<i64>>(),
+        shape.to_vec(),
+    );
     let (la, lb) = (build(m, D, la), build(m, D, lb));
     let a = || dist_int::<D>(m, &da, &la);
     let b = || dist_int::<D>(m, &db, &lb);
@@ -575,7 +720,11 @@ fn int_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], la: &LSpec, lb: &LSp
     check_int("int cumsum", a().cumsum(dim), oa().cumsum(dim));
     check_bool("int greater", a().greater(b()), oa().greater(ob()));
     check("int float", a().float(), oa().float());
-    check_int("float int", a().float().mul_scalar(0.5).int(), oa().float().mul_scalar(0.5).int());
+    check_int(
+        "float int",
+        a().float().mul_scalar(0.5).int(),
+        oa().float().mul_scalar(0.5).int(),
+    );
 }
 
 proptest! {
@@ -610,7 +759,13 @@ fn arr<const D: usize>(v: &[usize]) -> [usize; D] {
     v.try_into().unwrap()
 }
 
-fn permute_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ls: &LSpec, perm: &[usize], seed: u64) {
+fn permute_case<const D: usize>(
+    m: &Mesh<Dev>,
+    shape: &[usize],
+    ls: &LSpec,
+    perm: &[usize],
+    seed: u64,
+) {
     let d = data(shape, seed);
     let l = build(m, D, ls);
     let x = || dist::<D>(m, &d, &l);
@@ -618,16 +773,33 @@ fn permute_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ls: &LSpec, perm
     let perm: Vec<usize> = perm.iter().copied().filter(|&p| p < D).collect();
     let (d1, d2) = (perm[0], perm[D - 1]);
     check("swap_dims", x().swap_dims(d1, d2), o().swap_dims(d1, d2));
-    check("permute", x().permute(arr::<D>(&perm)), o().permute(arr::<D>(&perm)));
+    check(
+        "permute",
+        x().permute(arr::<D>(&perm)),
+        o().permute(arr::<D>(&perm)),
+    );
     if D >= 2 {
         check("transpose", x().transpose(), o().transpose());
     }
-    check("permute.exp.sum_dim", x().permute(arr::<D>(&perm)).exp().sum_dim(0), o().permute(arr::<D>(&perm)).exp().sum_dim(0));
+    check(
+        "permute.exp.sum_dim",
+        x().permute(arr::<D>(&perm)).exp().sum_dim(0),
+        o().permute(arr::<D>(&perm)).exp().sum_dim(0),
+    );
 }
 
-fn reshape_to<const D: usize, const D2: usize>(m: &Mesh<Dev>, d: &TensorData, l: &Layout, to: &[usize]) {
+fn reshape_to<const D: usize, const D2: usize>(
+    m: &Mesh<Dev>,
+    d: &TensorData,
+    l: &Layout,
+    to: &[usize],
+) {
     let got = dist::<D>(m, d, l).reshape(arr::<D2>(to));
-    check(&format!("reshape {:?} ({l}) -> {to:?}", d.shape), got, orc::<D>(d).reshape(arr::<D2>(to)));
+    check(
+        &format!("reshape {:?} ({l}) -> {to:?}", d.shape),
+        got,
+        orc::<D>(d).reshape(arr::<D2>(to)),
+    );
 }
 
 fn reshape_from<const D: usize>(m: &Mesh<Dev>, d: &TensorData, l: &Layout, to: &[usize]) {
@@ -701,37 +873,95 @@ fn view_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ls: &LSpec, seed: u
     }
     let x = || dist::<D>(m, &d, &l);
     let o = || orc::<D>(&d);
-    check("flatten", x().flatten::<1>(0, D - 1), o().flatten::<1>(0, D - 1));
+    check(
+        "flatten",
+        x().flatten::<1>(0, D - 1),
+        o().flatten::<1>(0, D - 1),
+    );
     if D >= 3 {
-        check("flatten(1, D-1)", x().flatten::<2>(1, D - 1), o().flatten::<2>(1, D - 1));
+        check(
+            "flatten(1, D-1)",
+            x().flatten::<2>(1, D - 1),
+            o().flatten::<2>(1, D - 1),
+        );
     }
     let pos = (seed as usize) % (D + 1);
     match D {
-        1 => check("unsqueeze_dim", dist::<1>(m, &d, &l).unsqueeze_dim::<2>(pos), orc::<1>(&d).unsqueeze_dim::<2>(pos)),
-        2 => check("unsqueeze_dim", dist::<2>(m, &d, &l).unsqueeze_dim::<3>(pos), orc::<2>(&d).unsqueeze_dim::<3>(pos)),
-        3 => check("unsqueeze_dim", dist::<3>(m, &d, &l).unsqueeze_dim::<4>(pos), orc::<3>(&d).unsqueeze_dim::<4>(pos)),
-        _ => check("unsqueeze_dim", dist::<4>(m, &d, &l).unsqueeze_dim::<5>(pos), orc::<4>(&d).unsqueeze_dim::<5>(pos)),
+        1 => check(
+            "unsqueeze_dim",
+            dist::<1>(m, &d, &l).unsqueeze_dim::<2>(pos),
+            orc::<1>(&d).unsqueeze_dim::<2>(pos),
+        ),
+        2 => check(
+            "unsqueeze_dim",
+            dist::<2>(m, &d, &l).unsqueeze_dim::<3>(pos),
+            orc::<2>(&d).unsqueeze_dim::<3>(pos),
+        ),
+        3 => check(
+            "unsqueeze_dim",
+            dist::<3>(m, &d, &l).unsqueeze_dim::<4>(pos),
+            orc::<3>(&d).unsqueeze_dim::<4>(pos),
+        ),
+        _ => check(
+            "unsqueeze_dim",
+            dist::<4>(m, &d, &l).unsqueeze_dim::<5>(pos),
+            orc::<4>(&d).unsqueeze_dim::<5>(pos),
+        ),
     }
 }
 
-fn expand_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ones: &[bool], ls: &LSpec, seed: u64) {
+fn expand_case<const D: usize>(
+    m: &Mesh<Dev>,
+    shape: &[usize],
+    ones: &[bool],
+    ls: &LSpec,
+    seed: u64,
+) {
     // The input has size-1 dims (possibly sharded: empty shards) that expand to `shape`.
     let small = broadcast_shape(shape, ones);
     let d = data(&small, seed);
     let l = build(m, D, ls);
-    check("expand", dist::<D>(m, &d, &l).expand(arr::<D>(shape)), orc::<D>(&d).expand(arr::<D>(shape)));
+    check(
+        "expand",
+        dist::<D>(m, &d, &l).expand(arr::<D>(shape)),
+        orc::<D>(&d).expand(arr::<D>(shape)),
+    );
     let reps: Vec<usize> = (0..D).map(|i| 1 + (seed as usize >> (2 * i)) % 3).collect();
-    check("repeat", dist::<D>(m, &d, &l).repeat(&reps), orc::<D>(&d).repeat(&reps));
+    check(
+        "repeat",
+        dist::<D>(m, &d, &l).repeat(&reps),
+        orc::<D>(&d).repeat(&reps),
+    );
     let dim = seed as usize % D;
-    check("repeat_dim", dist::<D>(m, &d, &l).repeat_dim(dim, 3), orc::<D>(&d).repeat_dim(dim, 3));
+    check(
+        "repeat_dim",
+        dist::<D>(m, &d, &l).repeat_dim(dim, 3),
+        orc::<D>(&d).repeat_dim(dim, 3),
+    );
     // Expanding to one more (leading) dim.
     let mut big = vec![3];
     big.extend_from_slice(shape);
     match D {
-        1 => check("expand+1", dist::<1>(m, &d, &l).expand(arr::<2>(&big)), orc::<1>(&d).expand(arr::<2>(&big))),
-        2 => check("expand+1", dist::<2>(m, &d, &l).expand(arr::<3>(&big)), orc::<2>(&d).expand(arr::<3>(&big))),
-        3 => check("expand+1", dist::<3>(m, &d, &l).expand(arr::<4>(&big)), orc::<3>(&d).expand(arr::<4>(&big))),
-        _ => check("expand+1", dist::<4>(m, &d, &l).expand(arr::<5>(&big)), orc::<4>(&d).expand(arr::<5>(&big))),
+        1 => check(
+            "expand+1",
+            dist::<1>(m, &d, &l).expand(arr::<2>(&big)),
+            orc::<1>(&d).expand(arr::<2>(&big)),
+        ),
+        2 => check(
+            "expand+1",
+            dist::<2>(m, &d, &l).expand(arr::<3>(&big)),
+            orc::<2>(&d).expand(arr::<3>(&big)),
+        ),
+        3 => check(
+            "expand+1",
+            dist::<3>(m, &d, &l).expand(arr::<4>(&big)),
+            orc::<3>(&d).expand(arr::<4>(&big)),
+        ),
+        _ => check(
+            "expand+1",
+            dist::<4>(m, &d, &l).expand(arr::<5>(&big)),
+            orc::<4>(&d).expand(arr::<5>(&big)),
+        ),
     }
 }
 
@@ -784,35 +1014,71 @@ fn index_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ls: &LSpec, li: &L
             Slice::new(s as isize, Some(e as isize), 1 + r.below(2) as isize)
         })
         .collect();
-    check(&format!("slice {slices:?}"), x().slice(&slices), o().slice(&slices));
+    check(
+        &format!("slice {slices:?}"),
+        x().slice(&slices),
+        o().slice(&slices),
+    );
     let n = shape[dim];
     let start = r.below(n);
     let len = 1 + r.below(n - start);
-    check("narrow", x().narrow(dim, start, len), o().narrow(dim, start, len));
+    check(
+        "narrow",
+        x().narrow(dim, start, len),
+        o().narrow(dim, start, len),
+    );
 
     // select: random indices (repeats allowed).
     let k = 1 + r.below(6);
     let idx = TensorData::new((0..k).map(|_| r.below(n) as i64).collect::<Vec<i64>>(), [k]);
     let di = Tensor::<DB, 1, Int>::from_data(idx.clone(), &mdev(m));
-    check("select", x().select(dim, di), o().select(dim, orc_int::<1>(&idx)));
+    check(
+        "select",
+        x().select(dim, di),
+        o().select(dim, orc_int::<1>(&idx)),
+    );
 
     // gather (as cross-entropy uses it): indices of the tensor's shape off `dim`, any layout.
     let mut ishape = shape.to_vec();
     ishape[dim] = 1 + r.below(4);
     let gi = int_data(&ishape, seed ^ 0x6, n);
     let gl = build(m, D, li);
-    check("gather", x().gather(dim, dist_int::<D>(m, &gi, &gl)), o().gather(dim, orc_int::<D>(&gi)));
+    check(
+        "gather",
+        x().gather(dim, dist_int::<D>(m, &gi, &gl)),
+        o().gather(dim, orc_int::<D>(&gi)),
+    );
 
     // The backward ops of slice, gather and select: slice_assign, scatter-add, select-add,
     // with values of yet another layout.
-    let vshape: Vec<usize> = slices.iter().zip(shape).map(|(s, &n)| s.output_size(n)).collect();
+    let vshape: Vec<usize> = slices
+        .iter()
+        .zip(shape)
+        .map(|(s, &n)| s.output_size(n))
+        .collect();
     let dv = data(&vshape, seed ^ 0x7);
-    let lv = build(m, D, &LSpec { dims: li.dims.iter().map(|c| c + 1).collect(), partial: ls.partial });
-    check("slice_assign", x().slice_assign(&slices, dist::<D>(m, &dv, &lv)), o().slice_assign(&slices, orc::<D>(&dv)));
+    let lv = build(
+        m,
+        D,
+        &LSpec {
+            dims: li.dims.iter().map(|c| c + 1).collect(),
+            partial: ls.partial,
+        },
+    );
+    check(
+        "slice_assign",
+        x().slice_assign(&slices, dist::<D>(m, &dv, &lv)),
+        o().slice_assign(&slices, orc::<D>(&dv)),
+    );
     let sv = data(&ishape, seed ^ 0x8);
     check(
         "scatter add",
-        x().scatter(dim, dist_int::<D>(m, &gi, &gl), dist::<D>(m, &sv, &lv), IndexingUpdateOp::Add),
+        x().scatter(
+            dim,
+            dist_int::<D>(m, &gi, &gl),
+            dist::<D>(m, &sv, &lv),
+            IndexingUpdateOp::Add,
+        ),
         o().scatter(dim, orc_int::<D>(&gi), orc::<D>(&sv), IndexingUpdateOp::Add),
     );
     let mut selshape = shape.to_vec();
@@ -820,19 +1086,43 @@ fn index_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ls: &LSpec, li: &L
     let dsel = data(&selshape, seed ^ 0x9);
     check(
         "select_assign add",
-        x().select_assign(dim, Tensor::<DB, 1, Int>::from_data(idx.clone(), &mdev(m)), dist::<D>(m, &dsel, &lv), IndexingUpdateOp::Add),
-        o().select_assign(dim, orc_int::<1>(&idx), orc::<D>(&dsel), IndexingUpdateOp::Add),
+        x().select_assign(
+            dim,
+            Tensor::<DB, 1, Int>::from_data(idx.clone(), &mdev(m)),
+            dist::<D>(m, &dsel, &lv),
+            IndexingUpdateOp::Add,
+        ),
+        o().select_assign(
+            dim,
+            orc_int::<1>(&idx),
+            orc::<D>(&dsel),
+            IndexingUpdateOp::Add,
+        ),
     );
 
     // cat: three tensors of different layouts and sizes along `dim`.
     let mut s2 = shape.to_vec();
     s2[dim] = 1 + r.below(5);
     let d2 = data(&s2, seed ^ 0x2);
-    let l2 = build(m, D, &LSpec { dims: li.dims.iter().rev().copied().collect(), partial: ls.partial });
+    let l2 = build(
+        m,
+        D,
+        &LSpec {
+            dims: li.dims.iter().rev().copied().collect(),
+            partial: ls.partial,
+        },
+    );
     let d3 = data(shape, seed ^ 0x3);
     let l3 = build(m, D, li);
-    let got = Tensor::cat(vec![x(), dist::<D>(m, &d2, &l2), dist::<D>(m, &d3, &l3)], dim);
-    check("cat", got, Tensor::cat(vec![o(), orc::<D>(&d2), orc::<D>(&d3)], dim));
+    let got = Tensor::cat(
+        vec![x(), dist::<D>(m, &d2, &l2), dist::<D>(m, &d3, &l3)],
+        dim,
+    );
+    check(
+        "cat",
+        got,
+        Tensor::cat(vec![o(), orc::<D>(&d2), orc::<D>(&d3)], dim),
+    );
 
     // softmax and log_softmax along a random dim.
     check("softmax", softmax(x(), dim), softmax(o(), dim));
@@ -873,9 +1163,21 @@ fn creation_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ls: &LSpec) {
     let l = build(m, D, ls);
     let dv = mdev(m);
     let s = arr::<D>(shape);
-    check("zeros", relayout(Tensor::<DB, D>::zeros(s, &dv), &l).unwrap(), Tensor::<N, D>::zeros(s, &Dev::default()));
-    check("ones", relayout(Tensor::<DB, D>::ones(s, &dv), &l).unwrap(), Tensor::<N, D>::ones(s, &Dev::default()));
-    check("full", relayout(Tensor::<DB, D>::full(s, -2.5, &dv), &l).unwrap(), Tensor::<N, D>::full(s, -2.5, &Dev::default()));
+    check(
+        "zeros",
+        relayout(Tensor::<DB, D>::zeros(s, &dv), &l).unwrap(),
+        Tensor::<N, D>::zeros(s, &Dev::default()),
+    );
+    check(
+        "ones",
+        relayout(Tensor::<DB, D>::ones(s, &dv), &l).unwrap(),
+        Tensor::<N, D>::ones(s, &Dev::default()),
+    );
+    check(
+        "full",
+        relayout(Tensor::<DB, D>::full(s, -2.5, &dv), &l).unwrap(),
+        Tensor::<N, D>::full(s, -2.5, &Dev::default()),
+    );
     let (got, want) = {
         let _g = RNG_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         DB::seed(&dv, 7);
@@ -885,11 +1187,20 @@ fn creation_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ls: &LSpec) {
         (got, want)
     };
     // Identical values on every mesh, bit for bit, then under any layout.
-    got.clone().into_data().assert_eq(&want.clone().into_data(), true);
+    got.clone()
+        .into_data()
+        .assert_eq(&want.clone().into_data(), true);
     check("random", relayout(got, &l).unwrap(), want);
 }
 
-fn relayout_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], from: &LSpec, to: &LSpec, to2: &LSpec, seed: u64) {
+fn relayout_case<const D: usize>(
+    m: &Mesh<Dev>,
+    shape: &[usize],
+    from: &LSpec,
+    to: &LSpec,
+    to2: &LSpec,
+    seed: u64,
+) {
     let d = data(shape, seed);
     let (lf, lt, lt2) = (build(m, D, from), build(m, D, to), build(m, D, to2));
     let x = dist::<D>(m, &d, &lf);
@@ -929,7 +1240,8 @@ proptest! {
 fn typed_errors() {
     let m = mesh(5); // x=2, y=4
     let other = mesh(6); // r=4, c=2
-    let t: Tensor<DB, 2> = distribute(data(&[4, 4], 1), &m, &Layout::new(&m, ["x", "y"]).unwrap()).unwrap();
+    let t: Tensor<DB, 2> =
+        distribute(data(&[4, 4], 1), &m, &Layout::new(&m, ["x", "y"]).unwrap()).unwrap();
     // Relayout to a layout of another mesh.
     let e = relayout(t.clone(), &Layout::new(&other, ["r", "unsharded"]).unwrap()).unwrap_err();
     assert!(matches!(e, DTensorError::MeshMismatch { .. }), "{e}");
@@ -938,20 +1250,49 @@ fn typed_errors() {
     assert!(matches!(e, DTensorError::MeshMismatch { .. }), "{e}");
     // Rank mismatches.
     let e = relayout(t.clone(), &Layout::new(&m, ["x"]).unwrap()).unwrap_err();
-    assert_eq!(e, DTensorError::RankMismatch { layout_rank: 1, tensor_rank: 2 });
+    assert_eq!(
+        e,
+        DTensorError::RankMismatch {
+            layout_rank: 1,
+            tensor_rank: 2
+        }
+    );
     let e = distribute::<DB, 3>(data(&[4, 4], 1), &m, &Layout::replicated(&m, 3)).unwrap_err();
     assert!(matches!(e, DTensorError::RankMismatch { .. }), "{e}");
     let e = distribute::<DB, 2>(data(&[4, 4], 1), &m, &Layout::replicated(&m, 3)).unwrap_err();
     assert!(matches!(e, DTensorError::RankMismatch { .. }), "{e}");
     // Unknown axis, axis used twice.
     let e = Layout::new(&m, ["x", "model"]).unwrap_err();
-    assert!(matches!(&e, DTensorError::UnknownAxis { axis, .. } if axis == "model"), "{e}");
+    assert!(
+        matches!(&e, DTensorError::UnknownAxis { axis, .. } if axis == "model"),
+        "{e}"
+    );
     let e = Layout::new(&m, ["y", "y"]).unwrap_err();
-    assert_eq!(e, DTensorError::AxisUsedTwice { axis: "y".into(), first: 0, second: 1 });
-    assert!(matches!(Layout::batch_sharded(&m, "batch", 2), Err(DTensorError::UnknownAxis { .. })));
+    assert_eq!(
+        e,
+        DTensorError::AxisUsedTwice {
+            axis: "y".into(),
+            first: 0,
+            second: 1
+        }
+    );
+    assert!(matches!(
+        Layout::batch_sharded(&m, "batch", 2),
+        Err(DTensorError::UnknownAxis { .. })
+    ));
     // A mesh whose device count does not match its axes.
     let e = Mesh::new([("x", 2), ("y", 4)], vec![Dev::default(); 6]).unwrap_err();
-    assert!(matches!(e, DTensorError::DeviceCountMismatch { expected: 8, given: 6, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            DTensorError::DeviceCountMismatch {
+                expected: 8,
+                given: 6,
+                ..
+            }
+        ),
+        "{e}"
+    );
     let e = Mesh::new([("x", 2), ("x", 2)], vec![Dev::default(); 4]).unwrap_err();
     assert!(matches!(e, DTensorError::AxisUsedTwice { .. }), "{e}");
     let e = Mesh::new([("x", 0)], Vec::<Dev>::new()).unwrap_err();
@@ -1003,12 +1344,15 @@ fn a_partial_used_twice_is_reduced_once() {
     check("tanh(partial)", t, want.tanh());
 }
 
-
 #[test]
 fn a_reduced_partial_feeds_linear_ops_settled() {
     let m = mesh(1); // a=2
     let d = data(&[3, 4], 5);
-    let p = dist::<2>(&m, &d, &Layout::replicated(&m, 2).with_partial(0, ReduceOp::Sum));
+    let p = dist::<2>(
+        &m,
+        &d,
+        &Layout::replicated(&m, 2).with_partial(0, ReduceOp::Sum),
+    );
     let (e, log) = record_comms(|| p.clone().exp());
     assert_eq!(log.count(CollectiveKind::AllReduce), 1, "{log}");
     // The reduction is memoised: a scaled copy (BatchNorm's running statistics) is settled,
@@ -1026,17 +1370,37 @@ fn a_broadcast_partial_is_reduced_before_broadcasting() {
     let (dg, dx) = (data(&[1, 6], 1), data(&[10, 6], 2));
     // A partial `[1, 6]` (a batch sum) times a batch-sharded `[10, 6]`: one small all-reduce,
     // not a reduce-scatter of the `[10, 6]` product.
-    let g = dist::<2>(&m, &dg, &Layout::replicated(&m, 2).with_partial(0, ReduceOp::Sum));
+    let g = dist::<2>(
+        &m,
+        &dg,
+        &Layout::replicated(&m, 2).with_partial(0, ReduceOp::Sum),
+    );
     let x = dist::<2>(&m, &dx, &Layout::batch_sharded(&m, "a", 2).unwrap());
     let (y, log) = record_comms(|| g.clone().mul(x.clone()).add(x.clone()));
     assert_eq!(log.events.len(), 1, "{log}");
-    assert_eq!((log.events[0].kind, log.events[0].shape.clone()), (CollectiveKind::AllReduce, vec![1, 6]), "{log}");
-    check("g*x+x", y, orc::<2>(&dg).mul(orc::<2>(&dx)).add(orc::<2>(&dx)));
-    let g = dist::<2>(&m, &dg, &Layout::replicated(&m, 2).with_partial(0, ReduceOp::Sum));
+    assert_eq!(
+        (log.events[0].kind, log.events[0].shape.clone()),
+        (CollectiveKind::AllReduce, vec![1, 6]),
+        "{log}"
+    );
+    check(
+        "g*x+x",
+        y,
+        orc::<2>(&dg).mul(orc::<2>(&dx)).add(orc::<2>(&dx)),
+    );
+    let g = dist::<2>(
+        &m,
+        &dg,
+        &Layout::replicated(&m, 2).with_partial(0, ReduceOp::Sum),
+    );
     let (y, log) = record_comms(|| g.expand([10, 6]).add(x));
     assert_eq!(log.events.len(), 1, "{log}");
     assert_eq!(log.events[0].shape, vec![1, 6], "{log}");
-    check("expand(g)+x", y, orc::<2>(&dg).expand([10, 6]).add(orc::<2>(&dx)));
+    check(
+        "expand(g)+x",
+        y,
+        orc::<2>(&dg).expand([10, 6]).add(orc::<2>(&dx)),
+    );
 }
 
 #[test]
@@ -1048,10 +1412,21 @@ fn scatter_into_replicated_zeros_keeps_the_index_sharding() {
     let l = Layout::batch_sharded(&m, "a", 2).unwrap();
     let idx = dist_int::<2>(&m, &di, &l);
     let v = dist::<2>(&m, &dv, &l);
-    let (y, log) = record_comms(|| Tensor::<DB, 2>::zeros([10, 3], &mdev(&m)).scatter(1, idx, v, IndexingUpdateOp::Add));
+    let (y, log) = record_comms(|| {
+        Tensor::<DB, 2>::zeros([10, 3], &mdev(&m)).scatter(1, idx, v, IndexingUpdateOp::Add)
+    });
     assert!(log.events.is_empty(), "{log}");
     assert_eq!(layout(&y), l);
-    check("scatter", y, Tensor::<N, 2>::zeros([10, 3], &Dev::default()).scatter(1, orc_int::<2>(&di), orc::<2>(&dv), IndexingUpdateOp::Add));
+    check(
+        "scatter",
+        y,
+        Tensor::<N, 2>::zeros([10, 3], &Dev::default()).scatter(
+            1,
+            orc_int::<2>(&di),
+            orc::<2>(&dv),
+            IndexingUpdateOp::Add,
+        ),
+    );
 }
 
 /// On a virtual mesh, tensors are held stacked (one inner primitive with the mesh axes leading)
@@ -1066,12 +1441,21 @@ fn stacked_and_per_device_forms_agree() {
         let m = mesh(i); // x=2, y=4
         let x = dist::<2>(&m, &dx, &Layout::new(&m, ["y", "unsharded"]).unwrap());
         let w = dist::<2>(&m, &dw, &Layout::new(&m, ["unsharded", "x"]).unwrap());
-        let (y, log) = record_comms(|| relayout(x.matmul(w).exp().sum_dim(0), &Layout::new(&m, ["unsharded", "y"]).unwrap()).unwrap());
+        let (y, log) = record_comms(|| {
+            relayout(
+                x.matmul(w).exp().sum_dim(0),
+                &Layout::new(&m, ["unsharded", "y"]).unwrap(),
+            )
+            .unwrap()
+        });
         let p = DB::float_dtensor(y.clone().into_primitive().tensor());
         assert_eq!(p.is_stacked(), stacked, "{}", describe(&y));
         if stacked {
             // y shards dim 1 (4 over 4 devices); x is unused: stack [1, 4] + shard [1, 1].
-            assert_eq!(burn::tensor::TensorMetadata::shape(&p.shards()[0]).to_vec(), vec![1, 4, 1, 1]);
+            assert_eq!(
+                burn::tensor::TensorMetadata::shape(&p.shards()[0]).to_vec(),
+                vec![1, 4, 1, 1]
+            );
         } else {
             assert_eq!(p.shards().len(), 8);
         }

@@ -16,7 +16,10 @@ use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::activation::relu;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
-use burn_dtensor::{CollectiveKind, CommLog, DistributedBackend, DistributedDevice, Layout, Mesh, describe, distribute, distribute_int, layout, record_comms, relayout};
+use burn_dtensor::{
+    CollectiveKind, CommLog, DistributedBackend, DistributedDevice, Layout, Mesh, describe,
+    distribute, distribute_int, layout, record_comms, relayout,
+};
 
 type Ref = Autodiff<NdArray>;
 type Dist = Autodiff<DistributedBackend<NdArray>>;
@@ -31,14 +34,21 @@ struct Net<B: Backend> {
 
 impl<B: Backend> Net<B> {
     fn new(device: &B::Device) -> Self {
-        Self { dense1: LinearConfig::new(12, 6).init(device), bn: BatchNormConfig::new(6).init(device), dense2: LinearConfig::new(6, 2).init(device) }
+        Self {
+            dense1: LinearConfig::new(12, 6).init(device),
+            bn: BatchNormConfig::new(6).init(device),
+            dense2: LinearConfig::new(6, 2).init(device),
+        }
     }
     fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        self.dense2.forward(self.bn.forward(relu(self.dense1.forward(x))))
+        self.dense2
+            .forward(self.bn.forward(relu(self.dense1.forward(x))))
     }
     fn loss(&self, x: Tensor<B, 2>, y: Tensor<B, 1, Int>) -> Tensor<B, 1> {
         let logits = self.forward(x);
-        CrossEntropyLossConfig::new().init(&logits.device()).forward(logits, y)
+        CrossEntropyLossConfig::new()
+            .init(&logits.device())
+            .forward(logits, y)
     }
 }
 
@@ -54,18 +64,29 @@ struct Mode {
     params: &'static [(&'static str, &'static [&'static str])],
 }
 
-const DATA: Mode = Mode { name: "data-parallel", axes: &[("batch", 4)], input: ["batch", "unsharded"], params: &[] };
+const DATA: Mode = Mode {
+    name: "data-parallel",
+    axes: &[("batch", 4)],
+    input: ["batch", "unsharded"],
+    params: &[],
+};
 const MODEL: Mode = Mode {
     name: "model-parallel",
     axes: &[("batch", 4), ("model", 2)],
     input: ["batch", "unsharded"],
-    params: &[("dense1.weight", &["unsharded", "model"]), ("dense2.weight", &["model", "unsharded"])],
+    params: &[
+        ("dense1.weight", &["unsharded", "model"]),
+        ("dense2.weight", &["model", "unsharded"]),
+    ],
 };
 const SPATIAL: Mode = Mode {
     name: "spatial-parallel",
     axes: &[("batch", 2), ("feature", 2), ("model", 2)],
     input: ["batch", "feature"],
-    params: &[("dense1.weight", &["feature", "model"]), ("dense2.weight", &["model", "unsharded"])],
+    params: &[
+        ("dense1.weight", &["feature", "model"]),
+        ("dense2.weight", &["model", "unsharded"]),
+    ],
 };
 
 impl Mode {
@@ -73,7 +94,10 @@ impl Mode {
         Mesh::virtual_devices(self.axes.iter().copied(), Dev::default()).unwrap()
     }
     fn param_layout(&self, mesh: &Mesh<Dev>, path: &str, rank: usize) -> Layout {
-        self.params.iter().find(|(p, _)| *p == path).map_or_else(|| Layout::replicated(mesh, rank), |(_, s)| Layout::new(mesh, s.iter()).unwrap())
+        self.params.iter().find(|(p, _)| *p == path).map_or_else(
+            || Layout::replicated(mesh, rank),
+            |(_, s)| Layout::new(mesh, s.iter()).unwrap(),
+        )
     }
 }
 
@@ -93,7 +117,10 @@ impl ModuleMapper<Dist> for Relayouter<'_> {
     fn exit_module(&mut self, _name: &str, _container: &str) {
         self.path.pop();
     }
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<Dist, D>>) -> Param<Tensor<Dist, D>> {
+    fn map_float<const D: usize>(
+        &mut self,
+        param: Param<Tensor<Dist, D>>,
+    ) -> Param<Tensor<Dist, D>> {
         let path = self.path.join(".");
         let l = self.mode.param_layout(&self.mesh, &path, D);
         self.seen.push(path);
@@ -115,7 +142,11 @@ struct Reader<'a, B: AutodiffBackend> {
 
 impl<'a, B: AutodiffBackend> Reader<'a, B> {
     fn read(model: &Net<B>, grads: Option<&'a B::Gradients>) -> Vec<(String, TensorData)> {
-        let mut r = Self { path: Vec::new(), grads, out: Vec::new() };
+        let mut r = Self {
+            path: Vec::new(),
+            grads,
+            out: Vec::new(),
+        };
         model.visit(&mut r);
         r.out
     }
@@ -134,7 +165,10 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Reader<'_, B> {
             // BatchNorm's running statistics are module state, not trained.
             Some(_) if path.contains(".running_") => {}
             Some(g) => {
-                let grad = param.val().grad(g).unwrap_or_else(|| panic!("no gradient for {path}"));
+                let grad = param
+                    .val()
+                    .grad(g)
+                    .unwrap_or_else(|| panic!("no gradient for {path}"));
                 self.out.push((path, grad.into_data()));
             }
             None => self.out.push((path, param.val().into_data())),
@@ -166,8 +200,15 @@ impl ModuleVisitor<Dist> for LayoutReader<'_> {
     }
 }
 
-fn layouts(model: &Net<Dist>, grads: Option<&<Dist as AutodiffBackend>::Gradients>) -> BTreeMap<String, Layout> {
-    let mut r = LayoutReader { path: Vec::new(), grads, out: BTreeMap::new() };
+fn layouts(
+    model: &Net<Dist>,
+    grads: Option<&<Dist as AutodiffBackend>::Gradients>,
+) -> BTreeMap<String, Layout> {
+    let mut r = LayoutReader {
+        path: Vec::new(),
+        grads,
+        out: BTreeMap::new(),
+    };
     model.visit(&mut r);
     r.out
 }
@@ -200,9 +241,26 @@ fn models(mode: &Mode, mesh: &Mesh<Dev>) -> (Net<Ref>, Net<Dist>) {
         }
         (r, d)
     };
-    let mut m = Relayouter { mode, mesh: mesh.clone(), path: Vec::new(), seen: Vec::new() };
+    let mut m = Relayouter {
+        mode,
+        mesh: mesh.clone(),
+        path: Vec::new(),
+        seen: Vec::new(),
+    };
     let d = d.map(&mut m);
-    assert_eq!(m.seen, ["dense1.weight", "dense1.bias", "bn.gamma", "bn.beta", "bn.running_mean", "bn.running_var", "dense2.weight", "dense2.bias"]);
+    assert_eq!(
+        m.seen,
+        [
+            "dense1.weight",
+            "dense1.bias",
+            "bn.gamma",
+            "bn.beta",
+            "bn.running_mean",
+            "bn.running_var",
+            "dense2.weight",
+            "dense2.bias"
+        ]
+    );
     for (p, l) in layouts(&d, None) {
         assert_eq!(l, mode.param_layout(mesh, &p, l.rank()), "{p}");
     }
@@ -219,15 +277,25 @@ fn batch(n: usize, seed: u64) -> (TensorData, TensorData) {
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
     };
-    let x: Vec<f32> = (0..n * 12).map(|_| (next() % 33) as f32 / 8.0 - 2.0).collect();
+    let x: Vec<f32> = (0..n * 12)
+        .map(|_| (next() % 33) as f32 / 8.0 - 2.0)
+        .collect();
     let y: Vec<i64> = (0..n).map(|_| (next() % 2) as i64).collect();
     (TensorData::new(x, [n, 12]), TensorData::new(y, [n]))
 }
 
-fn inputs(mode: &Mode, mesh: &Mesh<Dev>, x: &TensorData, y: &TensorData) -> (Tensor<Dist, 2>, Tensor<Dist, 1, Int>) {
+fn inputs(
+    mode: &Mode,
+    mesh: &Mesh<Dev>,
+    x: &TensorData,
+    y: &TensorData,
+) -> (Tensor<Dist, 2>, Tensor<Dist, 1, Int>) {
     let xl = Layout::new(mesh, mode.input).unwrap();
     let yl = Layout::batch_sharded(mesh, "batch", 1).unwrap();
-    (distribute(x.clone(), mesh, &xl).unwrap(), distribute_int(y.clone(), mesh, &yl).unwrap())
+    (
+        distribute(x.clone(), mesh, &xl).unwrap(),
+        distribute_int(y.clone(), mesh, &yl).unwrap(),
+    )
 }
 
 fn tol() -> burn::tensor::Tolerance<f32> {
@@ -244,11 +312,22 @@ fn equivalence(mode: &Mode, n: usize) {
     let (x, y) = batch(n, n as u64);
     let dev = Dev::default();
 
-    let rloss = rm.loss(Tensor::from_data(x.clone(), &dev), Tensor::from_data(y.clone(), &dev));
+    let rloss = rm.loss(
+        Tensor::from_data(x.clone(), &dev),
+        Tensor::from_data(y.clone(), &dev),
+    );
     let (dx, dy) = inputs(mode, &mesh, &x, &y);
     let dloss = dm.loss(dx, dy);
-    println!("{} N={n}: loss {} = {}", mode.name, describe(&dloss), dloss.clone().into_data());
-    dloss.clone().into_data().assert_approx_eq::<f32>(&rloss.clone().into_data(), tol());
+    println!(
+        "{} N={n}: loss {} = {}",
+        mode.name,
+        describe(&dloss),
+        dloss.clone().into_data()
+    );
+    dloss
+        .clone()
+        .into_data()
+        .assert_approx_eq::<f32>(&rloss.clone().into_data(), tol());
 
     let rgrads = rloss.backward();
     let dgrads = dloss.backward();
@@ -265,12 +344,19 @@ fn equivalence(mode: &Mode, n: usize) {
     for (p, l) in layouts(&dm, Some(&dgrads)) {
         println!("  grad {p}: {l}");
         let pl = mode.param_layout(&mesh, &p, l.rank());
-        assert_eq!(l.partial(mesh.topology().axis_index("batch").unwrap()), Some(burn_dtensor::ReduceOp::Sum), "{p}");
+        assert_eq!(
+            l.partial(mesh.topology().axis_index("batch").unwrap()),
+            Some(burn_dtensor::ReduceOp::Sum),
+            "{p}"
+        );
         assert_sharded_like(&p, &l, &pl, mode);
     }
 
     // One SGD step on each: the same updated parameters, in the same layouts.
-    let (rgp, dgp) = (GradientsParams::from_grads(rgrads, &rm), GradientsParams::from_grads(dgrads, &dm));
+    let (rgp, dgp) = (
+        GradientsParams::from_grads(rgrads, &rm),
+        GradientsParams::from_grads(dgrads, &dm),
+    );
     let rm = SgdConfig::new().init().step(0.5, rm, rgp);
     let dm = SgdConfig::new().init().step(0.5, dm, dgp);
     for ((p, a), (q, b)) in Reader::read(&rm, None).iter().zip(&Reader::read(&dm, None)) {
@@ -348,19 +434,33 @@ fn step_comms(mode: &Mode, n: usize) -> (CommLog, CommLog) {
 }
 
 fn counts(log: &CommLog) -> BTreeMap<(CollectiveKind, String), usize> {
-    log.summary().into_iter().map(|(k, (n, _))| (k, n)).collect()
+    log.summary()
+        .into_iter()
+        .map(|(k, (n, _))| (k, n))
+        .collect()
 }
 
 fn expect(pairs: &[(CollectiveKind, &str, usize)]) -> BTreeMap<(CollectiveKind, String), usize> {
-    pairs.iter().map(|&(k, a, n)| ((k, a.to_string()), n)).collect()
+    pairs
+        .iter()
+        .map(|&(k, a, n)| ((k, a.to_string()), n))
+        .collect()
 }
 
 /// The SGD update of every mode: exactly one all-reduce over `batch` per parameter gradient
 /// (the pending batch sum), nothing else: no weight is ever gathered.
 fn assert_one_all_reduce_per_gradient(update: &CommLog) {
-    assert_eq!(counts(update), expect(&[(CollectiveKind::AllReduce, "batch", 6)]), "{update}");
+    assert_eq!(
+        counts(update),
+        expect(&[(CollectiveKind::AllReduce, "batch", 6)]),
+        "{update}"
+    );
     let shapes: Vec<&[usize]> = update.events.iter().map(|e| e.shape.as_slice()).collect();
-    assert_eq!(shapes, [&[12, 6][..], &[6], &[6], &[6], &[6, 2], &[2]], "dense1.weight, dense1.bias, bn.gamma, bn.beta, dense2.weight, dense2.bias");
+    assert_eq!(
+        shapes,
+        [&[12, 6][..], &[6], &[6], &[6], &[6, 2], &[2]],
+        "dense1.weight, dense1.bias, bn.gamma, bn.beta, dense2.weight, dense2.bias"
+    );
 }
 
 // Forward + backward, observed on every mode (N = 10 and 16 alike), all along `batch` unless
@@ -381,8 +481,15 @@ fn assert_one_all_reduce_per_gradient(update: &CommLog) {
 fn data_parallel_step_comms() {
     for n in [10, 16] {
         let (fwd_bwd, update) = step_comms(&DATA, n);
-        assert_eq!(fwd_bwd.count(CollectiveKind::AllGather) + update.count(CollectiveKind::AllGather), 0);
-        assert_eq!(counts(&fwd_bwd), expect(&[(CollectiveKind::AllReduce, "batch", 3 + 2)]), "{fwd_bwd}");
+        assert_eq!(
+            fwd_bwd.count(CollectiveKind::AllGather) + update.count(CollectiveKind::AllGather),
+            0
+        );
+        assert_eq!(
+            counts(&fwd_bwd),
+            expect(&[(CollectiveKind::AllReduce, "batch", 3 + 2)]),
+            "{fwd_bwd}"
+        );
         assert_one_all_reduce_per_gradient(&update);
     }
 }
@@ -391,7 +498,14 @@ fn data_parallel_step_comms() {
 fn model_parallel_step_comms() {
     for n in [10, 16] {
         let (fwd_bwd, update) = step_comms(&MODEL, n);
-        assert_eq!(counts(&fwd_bwd), expect(&[(CollectiveKind::AllReduce, "batch", 3 + 2), (CollectiveKind::AllReduce, "model", 1)]), "{fwd_bwd}");
+        assert_eq!(
+            counts(&fwd_bwd),
+            expect(&[
+                (CollectiveKind::AllReduce, "batch", 3 + 2),
+                (CollectiveKind::AllReduce, "model", 1)
+            ]),
+            "{fwd_bwd}"
+        );
         assert_one_all_reduce_per_gradient(&update);
     }
 }
@@ -400,7 +514,11 @@ fn model_parallel_step_comms() {
 fn spatial_parallel_step_comms() {
     for n in [10, 16] {
         let (fwd_bwd, update) = step_comms(&SPATIAL, n);
-        let want = expect(&[(CollectiveKind::AllReduce, "batch", 3 + 2), (CollectiveKind::AllReduce, "feature", 1), (CollectiveKind::AllReduce, "model", 1)]);
+        let want = expect(&[
+            (CollectiveKind::AllReduce, "batch", 3 + 2),
+            (CollectiveKind::AllReduce, "feature", 1),
+            (CollectiveKind::AllReduce, "model", 1),
+        ]);
         assert_eq!(counts(&fwd_bwd), want, "{fwd_bwd}");
         assert_one_all_reduce_per_gradient(&update);
     }

@@ -18,21 +18,51 @@ type Bk = DistributedBackend<NdArray>;
 fn setup() -> (Mesh<burn::backend::ndarray::NdArrayDevice>, Mlp<Bk>) {
     let mesh = Mesh::virtual_devices([("batch", 2), ("model", 2)], Default::default()).unwrap();
     let dev = DistributedDevice::new(mesh.clone());
-    (mesh, Mlp { dense1: LinearConfig::new(6, 4).init(&dev), dense2: LinearConfig::new(4, 3).init(&dev) })
+    (
+        mesh,
+        Mlp {
+            dense1: LinearConfig::new(6, 4).init(&dev),
+            dense2: LinearConfig::new(4, 3).init(&dev),
+        },
+    )
 }
 
 #[test]
 fn applies_first_matching_rule_keeps_ids_and_values() {
     let (mesh, m) = setup();
-    let before = (m.dense1.weight.id, m.dense1.weight.val().into_data(), m.dense2.weight.val().into_data());
-    let map = LayoutMap::from_toml_str("'^dense1\\.weight$' = [\"unsharded\", \"model\"]\n'weight' = [\"model\", \"unsharded\"]\n").unwrap();
+    let before = (
+        m.dense1.weight.id,
+        m.dense1.weight.val().into_data(),
+        m.dense2.weight.val().into_data(),
+    );
+    let map = LayoutMap::from_toml_str(
+        "'^dense1\\.weight$' = [\"unsharded\", \"model\"]\n'weight' = [\"model\", \"unsharded\"]\n",
+    )
+    .unwrap();
     let (m, report) = map.apply(m, mesh.topology()).unwrap();
     let paths: Vec<&str> = report.assignments.iter().map(|(p, _)| p.as_str()).collect();
-    assert_eq!(paths, ["dense1.weight", "dense1.bias", "dense2.weight", "dense2.bias"]);
-    assert_eq!(layout(&m.dense1.weight.val()), Layout::new(&mesh, ["unsharded", "model"]).unwrap());
-    assert_eq!(layout(&m.dense2.weight.val()), Layout::new(&mesh, ["model", "unsharded"]).unwrap());
+    assert_eq!(
+        paths,
+        [
+            "dense1.weight",
+            "dense1.bias",
+            "dense2.weight",
+            "dense2.bias"
+        ]
+    );
+    assert_eq!(
+        layout(&m.dense1.weight.val()),
+        Layout::new(&mesh, ["unsharded", "model"]).unwrap()
+    );
+    assert_eq!(
+        layout(&m.dense2.weight.val()),
+        Layout::new(&mesh, ["model", "unsharded"]).unwrap()
+    );
     assert!(layout(&m.dense1.bias.as_ref().unwrap().val()).is_replicated());
-    assert_eq!(m.dense1.weight.id, before.0, "parameter ids must survive (optimizer state)");
+    assert_eq!(
+        m.dense1.weight.id, before.0,
+        "parameter ids must survive (optimizer state)"
+    );
     m.dense1.weight.val().into_data().assert_eq(&before.1, true);
     m.dense2.weight.val().into_data().assert_eq(&before.2, true);
     // Forward equals the plain backend's with the same weights.
@@ -41,10 +71,14 @@ fn applies_first_matching_rule_keeps_ids_and_values() {
     let dev = Default::default();
     let w1 = Tensor::<NdArray, 2>::from_data(before.1, &dev);
     let w2 = Tensor::<NdArray, 2>::from_data(before.2, &dev);
-    let b1 = Tensor::<NdArray, 1>::from_data(m.dense1.bias.as_ref().unwrap().val().into_data(), &dev);
-    let b2 = Tensor::<NdArray, 1>::from_data(m.dense2.bias.as_ref().unwrap().val().into_data(), &dev);
-    let yr = (Tensor::<NdArray, 2>::ones([5, 6], &dev).matmul(w1) + b1.unsqueeze()).matmul(w2) + b2.unsqueeze();
-    y.into_data().assert_approx_eq::<f32>(&yr.into_data(), Tolerance::default());
+    let b1 =
+        Tensor::<NdArray, 1>::from_data(m.dense1.bias.as_ref().unwrap().val().into_data(), &dev);
+    let b2 =
+        Tensor::<NdArray, 1>::from_data(m.dense2.bias.as_ref().unwrap().val().into_data(), &dev);
+    let yr = (Tensor::<NdArray, 2>::ones([5, 6], &dev).matmul(w1) + b1.unsqueeze()).matmul(w2)
+        + b2.unsqueeze();
+    y.into_data()
+        .assert_approx_eq::<f32>(&yr.into_data(), Tolerance::default());
 }
 
 #[test]
@@ -52,24 +86,69 @@ fn loaded_records_are_relaid_out() {
     let (mesh, m) = setup();
     let expected = m.dense2.weight.val().into_data(); // materialise the lazy weights once
     let record = m.into_record();
-    let map = LayoutMap::new().rule("^dense2\\.weight$", ["model", "unsharded"]).unwrap();
+    let map = LayoutMap::new()
+        .rule("^dense2\\.weight$", ["model", "unsharded"])
+        .unwrap();
     let (fresh, _) = map.apply(setup().1, mesh.topology()).unwrap();
     let loaded = fresh.load_record(record);
-    assert_eq!(layout(&loaded.dense2.weight.val()), Layout::new(&mesh, ["model", "unsharded"]).unwrap());
-    loaded.dense2.weight.val().into_data().assert_eq(&expected, true);
+    assert_eq!(
+        layout(&loaded.dense2.weight.val()),
+        Layout::new(&mesh, ["model", "unsharded"]).unwrap()
+    );
+    loaded
+        .dense2
+        .weight
+        .val()
+        .into_data()
+        .assert_eq(&expected, true);
 }
 
 #[test]
 fn errors_name_the_problem() {
     let (mesh, m) = setup();
-    let e = LayoutMap::new().rule("^dense9\\.", ["model"]).unwrap().apply(m.clone(), mesh.topology()).unwrap_err();
-    assert!(matches!(&e, DTensorError::UnmatchedRule { patterns, paths } if patterns.contains("dense9") && paths.contains("dense1.weight")), "{e}");
-    let e = LayoutMap::new().rule("dense1\\.weight", ["model"]).unwrap().apply(m.clone(), mesh.topology()).unwrap_err();
-    assert!(matches!(e, DTensorError::RuleRankMismatch { layout_rank: 1, param_rank: 2, .. }), "{e}");
-    let e = LayoutMap::new().rule("dense1\\.weight", ["unsharded", "tensor"]).unwrap().apply(m.clone(), mesh.topology()).unwrap_err();
+    let e = LayoutMap::new()
+        .rule("^dense9\\.", ["model"])
+        .unwrap()
+        .apply(m.clone(), mesh.topology())
+        .unwrap_err();
+    assert!(
+        matches!(&e, DTensorError::UnmatchedRule { patterns, paths } if patterns.contains("dense9") && paths.contains("dense1.weight")),
+        "{e}"
+    );
+    let e = LayoutMap::new()
+        .rule("dense1\\.weight", ["model"])
+        .unwrap()
+        .apply(m.clone(), mesh.topology())
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DTensorError::RuleRankMismatch {
+                layout_rank: 1,
+                param_rank: 2,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = LayoutMap::new()
+        .rule("dense1\\.weight", ["unsharded", "tensor"])
+        .unwrap()
+        .apply(m.clone(), mesh.topology())
+        .unwrap_err();
     assert!(matches!(e, DTensorError::UnknownAxis { .. }), "{e}");
-    let e = LayoutMap::new().rule("dense1\\.weight", ["model", "model"]).unwrap().apply(m, mesh.topology()).unwrap_err();
+    let e = LayoutMap::new()
+        .rule("dense1\\.weight", ["model", "model"])
+        .unwrap()
+        .apply(m, mesh.topology())
+        .unwrap_err();
     assert!(matches!(e, DTensorError::AxisUsedTwice { .. }), "{e}");
-    assert!(matches!(LayoutMap::new().rule("(", ["model"]), Err(DTensorError::InvalidRegex { .. })));
-    assert!(matches!(LayoutMap::from_toml_str("'a' = \"model\""), Err(DTensorError::LayoutMapFile { .. })));
+    assert!(matches!(
+        LayoutMap::new().rule("(", ["model"]),
+        Err(DTensorError::InvalidRegex { .. })
+    ));
+    assert!(matches!(
+        LayoutMap::from_toml_str("'a' = \"model\""),
+        Err(DTensorError::LayoutMapFile { .. })
+    ));
 }

@@ -330,7 +330,10 @@ const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 /// `PathNotFound` for a missing path (naming who asked), an I/O error otherwise.
 fn open_error(path: &Path, origin: &str, e: io::Error) -> DataError {
     if e.kind() == io::ErrorKind::NotFound {
-        DataError::PathNotFound { path: path.to_path_buf(), origin: origin.into() }
+        DataError::PathNotFound {
+            path: path.to_path_buf(),
+            origin: origin.into(),
+        }
     } else {
         DataError::io(path, e)
     }

@@ -7,11 +7,19 @@ use std::path::PathBuf;
 pub fn archive() -> Option<PathBuf> {
     let p = std::env::var_os("IMDB_DATA")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/data/imdb/aclImdb_v1_labeled.tar.gz")));
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../shared/data/imdb/aclImdb_v1_labeled.tar.gz"
+            ))
+        });
     if p.exists() {
         Some(p)
     } else {
-        println!("skipped: IMDB archive not found at {} (set IMDB_DATA)", p.display());
+        println!(
+            "skipped: IMDB archive not found at {} (set IMDB_DATA)",
+            p.display()
+        );
         None
     }
 }

@@ -7,9 +7,9 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Slice, TensorMetadata};
 
 use crate::comm::{self, CollectiveKind};
+use crate::inner::threads_for;
 use crate::layout::ReduceOp;
 use crate::mesh::MeshTopology;
-use crate::inner::threads_for;
 use crate::ops::dispatch::par_min;
 use crate::shard::chunk;
 use crate::tensor::Kind;
@@ -20,12 +20,22 @@ fn nbytes<P: TensorMetadata>(p: &P) -> u64 {
 
 fn dim_slice(rank: usize, dim: usize, range: std::ops::Range<usize>) -> Vec<Slice> {
     (0..rank)
-        .map(|d| if d == dim { Slice::new(range.start as isize, Some(range.end as isize), 1) } else { Slice::full() })
+        .map(|d| {
+            if d == dim {
+                Slice::new(range.start as isize, Some(range.end as isize), 1)
+            } else {
+                Slice::full()
+            }
+        })
         .collect()
 }
 
 /// Slice of `t` along `dim` (cheap no-op when the range is the whole dim).
-pub(crate) fn narrow<B: Backend, K: Kind<B>>(t: K::P, dim: usize, range: std::ops::Range<usize>) -> K::P {
+pub(crate) fn narrow<B: Backend, K: Kind<B>>(
+    t: K::P,
+    dim: usize,
+    range: std::ops::Range<usize>,
+) -> K::P {
     let shape = t.shape();
     if range.start == 0 && range.end == shape[dim] {
         return t;
@@ -38,7 +48,11 @@ fn set_group<B: Backend, K: Kind<B>>(shards: &mut [K::P], group: &[usize], value
     let dev0 = K::device(&value);
     for &i in group {
         let dev = K::device(&shards[i]);
-        shards[i] = if dev == dev0 { value.clone() } else { K::to_device(value.clone(), &dev) };
+        shards[i] = if dev == dev0 {
+            value.clone()
+        } else {
+            K::to_device(value.clone(), &dev)
+        };
     }
 }
 
@@ -52,7 +66,11 @@ fn reduce_group<B: Backend, K: Kind<B>>(shards: &[K::P], group: &[usize], op: Re
         .iter()
         .map(|&i| {
             let x = shards[i].clone();
-            if K::device(&x) == dev0 { x } else { K::to_device(x, &dev0) }
+            if K::device(&x) == dev0 {
+                x
+            } else {
+                K::to_device(x, &dev0)
+            }
         })
         .collect();
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -77,9 +95,15 @@ fn reduce_group<B: Backend, K: Kind<B>>(shards: &[K::P], group: &[usize], op: Re
             pairs.push((a, b));
         }
         level = if parallel && pairs.len() > 1 {
-            pairs.into_par_iter().map(|(a, b)| K::reduce(a, b, op)).collect()
+            pairs
+                .into_par_iter()
+                .map(|(a, b)| K::reduce(a, b, op))
+                .collect()
         } else {
-            pairs.into_iter().map(|(a, b)| K::reduce(a, b, op)).collect()
+            pairs
+                .into_iter()
+                .map(|(a, b)| K::reduce(a, b, op))
+                .collect()
         };
         level.extend(odd);
     }
@@ -91,7 +115,11 @@ fn reduce_group<B: Backend, K: Kind<B>>(shards: &[K::P], group: &[usize], op: Re
 fn fused_cat<B: Backend, K: Kind<B>>(parts: &[K::P], dim: usize) -> Option<K::P> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     {
-        let nonempty: Vec<K::P> = parts.iter().filter(|p| p.shape().num_elements() > 0).cloned().collect();
+        let nonempty: Vec<K::P> = parts
+            .iter()
+            .filter(|p| p.shape().num_elements() > 0)
+            .cloned()
+            .collect();
         if nonempty.len() > 1 {
             return super::cube::try_cat(&nonempty, dim);
         }
@@ -100,7 +128,13 @@ fn fused_cat<B: Backend, K: Kind<B>>(parts: &[K::P], dim: usize) -> Option<K::P>
 }
 
 /// All-reduce along `axis`: every device ends with the `op`-reduction of its group's shards.
-pub fn all_reduce<B: Backend, K: Kind<B>>(shards: &mut [K::P], topo: &MeshTopology, axis: usize, op: ReduceOp, global: &[usize]) {
+pub fn all_reduce<B: Backend, K: Kind<B>>(
+    shards: &mut [K::P],
+    topo: &MeshTopology,
+    axis: usize,
+    op: ReduceOp,
+    global: &[usize],
+) {
     let k = topo.axis_size(axis) as u64;
     let mut bytes = 0;
     for group in topo.groups(axis) {
@@ -119,12 +153,23 @@ pub fn all_reduce<B: Backend, K: Kind<B>>(shards: &mut [K::P], topo: &MeshTopolo
         bytes += 2 * (k - 1) * nbytes(&acc);
         set_group::<B, K>(shards, &group, acc);
     }
-    comm::record(CollectiveKind::AllReduce, topo.axis_name(axis), bytes, global);
+    comm::record(
+        CollectiveKind::AllReduce,
+        topo.axis_name(axis),
+        bytes,
+        global,
+    );
 }
 
 /// All-gather along `axis` on tensor dim `dim`: each device ends with the concatenation of its
 /// group's shards (in coordinate order).
-pub fn all_gather<B: Backend, K: Kind<B>>(shards: &mut [K::P], topo: &MeshTopology, axis: usize, dim: usize, global: &[usize]) {
+pub fn all_gather<B: Backend, K: Kind<B>>(
+    shards: &mut [K::P],
+    topo: &MeshTopology,
+    axis: usize,
+    dim: usize,
+    global: &[usize],
+) {
     let k = topo.axis_size(axis) as u64;
     let mut bytes = 0;
     for group in topo.groups(axis) {
@@ -133,19 +178,35 @@ pub fn all_gather<B: Backend, K: Kind<B>>(shards: &mut [K::P], topo: &MeshTopolo
             .iter()
             .map(|&i| {
                 let x = shards[i].clone();
-                if K::device(&x) == dev0 { x } else { K::to_device(x, &dev0) }
+                if K::device(&x) == dev0 {
+                    x
+                } else {
+                    K::to_device(x, &dev0)
+                }
             })
             .collect::<Vec<_>>();
         let full = fused_cat::<B, K>(&parts, dim).unwrap_or_else(|| K::cat(parts, dim));
         bytes += (k - 1) * nbytes(&full);
         set_group::<B, K>(shards, &group, full);
     }
-    comm::record(CollectiveKind::AllGather, topo.axis_name(axis), bytes, global);
+    comm::record(
+        CollectiveKind::AllGather,
+        topo.axis_name(axis),
+        bytes,
+        global,
+    );
 }
 
 /// Reduce-scatter along `axis`: the group's `op`-reduction, chunked along `dim` (whose full size
 /// is `n`) so that the member with coordinate `c` keeps chunk `c`.
-pub fn reduce_scatter<B: Backend, K: Kind<B>>(shards: &mut [K::P], topo: &MeshTopology, axis: usize, op: ReduceOp, dim: usize, global: &[usize]) {
+pub fn reduce_scatter<B: Backend, K: Kind<B>>(
+    shards: &mut [K::P],
+    topo: &MeshTopology,
+    axis: usize,
+    op: ReduceOp,
+    dim: usize,
+    global: &[usize],
+) {
     let k = topo.axis_size(axis);
     let mut bytes = 0;
     for group in topo.groups(axis) {
@@ -157,12 +218,24 @@ pub fn reduce_scatter<B: Backend, K: Kind<B>>(shards: &mut [K::P], topo: &MeshTo
             shards[i] = K::to_device(narrow::<B, K>(acc.clone(), dim, chunk(n, k, c)), &dev);
         }
     }
-    comm::record(CollectiveKind::ReduceScatter, topo.axis_name(axis), bytes, global);
+    comm::record(
+        CollectiveKind::ReduceScatter,
+        topo.axis_name(axis),
+        bytes,
+        global,
+    );
 }
 
 /// All-to-all along `axis`: shards split along `to_dim` are exchanged so that afterwards the
 /// tensor is whole along `from_dim` and chunked along `to_dim` (full size `n_to`).
-pub fn all_to_all<B: Backend, K: Kind<B>>(shards: &mut [K::P], topo: &MeshTopology, axis: usize, from_dim: usize, to_dim: usize, global: &[usize]) {
+pub fn all_to_all<B: Backend, K: Kind<B>>(
+    shards: &mut [K::P],
+    topo: &MeshTopology,
+    axis: usize,
+    from_dim: usize,
+    to_dim: usize,
+    global: &[usize],
+) {
     let k = topo.axis_size(axis);
     let mut bytes = 0;
     for group in topo.groups(axis) {
@@ -174,18 +247,34 @@ pub fn all_to_all<B: Backend, K: Kind<B>>(shards: &mut [K::P], topo: &MeshTopolo
                 .iter()
                 .map(|p| {
                     let piece = narrow::<B, K>(p.clone(), to_dim, chunk(n_to, k, c));
-                    if K::device(&piece) == dev { piece } else { K::to_device(piece, &dev) }
+                    if K::device(&piece) == dev {
+                        piece
+                    } else {
+                        K::to_device(piece, &dev)
+                    }
                 })
                 .collect::<Vec<_>>();
-            shards[i] = fused_cat::<B, K>(&parts, from_dim).unwrap_or_else(|| K::cat(parts, from_dim));
+            shards[i] =
+                fused_cat::<B, K>(&parts, from_dim).unwrap_or_else(|| K::cat(parts, from_dim));
             bytes += nbytes(&olds[c]) * (k as u64 - 1) / k as u64;
         }
     }
-    comm::record(CollectiveKind::AllToAll, topo.axis_name(axis), bytes, global);
+    comm::record(
+        CollectiveKind::AllToAll,
+        topo.axis_name(axis),
+        bytes,
+        global,
+    );
 }
 
 /// Broadcast along `axis` from the member with coordinate `root`.
-pub fn broadcast<B: Backend, K: Kind<B>>(shards: &mut [K::P], topo: &MeshTopology, axis: usize, root: usize, global: &[usize]) {
+pub fn broadcast<B: Backend, K: Kind<B>>(
+    shards: &mut [K::P],
+    topo: &MeshTopology,
+    axis: usize,
+    root: usize,
+    global: &[usize],
+) {
     let k = topo.axis_size(axis) as u64;
     let mut bytes = 0;
     for group in topo.groups(axis) {
@@ -193,11 +282,21 @@ pub fn broadcast<B: Backend, K: Kind<B>>(shards: &mut [K::P], topo: &MeshTopolog
         bytes += (k - 1) * nbytes(&v);
         set_group::<B, K>(shards, &group, v);
     }
-    comm::record(CollectiveKind::Broadcast, topo.axis_name(axis), bytes, global);
+    comm::record(
+        CollectiveKind::Broadcast,
+        topo.axis_name(axis),
+        bytes,
+        global,
+    );
 }
 
 /// No communication: each device keeps chunk `coord(axis)` of its (whole) `dim`.
-pub fn local_chunk<B: Backend, K: Kind<B>>(shards: &mut [K::P], topo: &MeshTopology, axis: usize, dim: usize) {
+pub fn local_chunk<B: Backend, K: Kind<B>>(
+    shards: &mut [K::P],
+    topo: &MeshTopology,
+    axis: usize,
+    dim: usize,
+) {
     let k = topo.axis_size(axis);
     for (i, s) in shards.iter_mut().enumerate() {
         let n = s.shape()[dim];

@@ -16,8 +16,8 @@
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod cube;
 pub mod generic;
-pub mod stacked;
 #[cfg(all(feature = "cuda", feature = "nccl"))]
 pub mod nccl;
+pub mod stacked;
 
 pub use generic::{all_gather, all_reduce, all_to_all, broadcast, local_chunk, reduce_scatter};

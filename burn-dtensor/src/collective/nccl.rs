@@ -31,14 +31,32 @@ pub fn try_all_reduce<P: 'static>(members: &[P], op: ReduceOp) -> Option<Vec<P>>
     if op != ReduceOp::Sum || members.len() < 2 {
         return None;
     }
-    let ts: Vec<&CubeTensor<CudaRuntime>> = members.iter().map(|p| (p as &dyn Any).downcast_ref()).collect::<Option<_>>()?;
-    if ts.iter().any(|t| !t.dtype.is_float() || t.qparams.is_some()) {
+    let ts: Vec<&CubeTensor<CudaRuntime>> = members
+        .iter()
+        .map(|p| (p as &dyn Any).downcast_ref())
+        .collect::<Option<_>>()?;
+    if ts
+        .iter()
+        .any(|t| !t.dtype.is_float() || t.qparams.is_some())
+    {
         return None;
     }
     let ids: Vec<_> = ts.iter().map(|t| t.device.id()).collect();
     if (1..ids.len()).any(|i| ids[..i].contains(&ids[i])) {
         return None;
     }
-    let pending: Vec<_> = ts.into_iter().map(|t| CudaInner::all_reduce(t.clone(), ReduceOperation::Sum, ids.clone())).collect();
-    Some(pending.into_iter().map(|c| *(Box::new(c.resolve()) as Box<dyn Any>).downcast::<P>().expect("burn-dtensor: CubeTensor round trip")).collect())
+    let pending: Vec<_> = ts
+        .into_iter()
+        .map(|t| CudaInner::all_reduce(t.clone(), ReduceOperation::Sum, ids.clone()))
+        .collect();
+    Some(
+        pending
+            .into_iter()
+            .map(|c| {
+                *(Box::new(c.resolve()) as Box<dyn Any>)
+                    .downcast::<P>()
+                    .expect("burn-dtensor: CubeTensor round trip")
+            })
+            .collect(),
+    )
 }

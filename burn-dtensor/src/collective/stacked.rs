@@ -25,35 +25,74 @@ fn with(shape: &[usize], i: usize, v: usize) -> Vec<usize> {
 }
 
 /// All-reduce along `axis`: the `op`-reduction over the axis' leading dim (which becomes 1).
-pub fn all_reduce<B: Backend, K: Kind<B>>(x: K::P, topo: &MeshTopology, axis: usize, op: ReduceOp, global: &[usize]) -> K::P {
+pub fn all_reduce<B: Backend, K: Kind<B>>(
+    x: K::P,
+    topo: &MeshTopology,
+    axis: usize,
+    op: ReduceOp,
+    global: &[usize],
+) -> K::P {
     record_all_reduce(&x, topo, axis, global);
     K::reduce_dim(x, axis, op)
 }
 
 /// Records the all-reduce along `axis` of a stacked primitive `x` (or of any primitive with the
 /// same per-shard dims, such as its reduced value) without running it.
-pub fn record_all_reduce<P: TensorMetadata>(x: &P, topo: &MeshTopology, axis: usize, global: &[usize]) {
+pub fn record_all_reduce<P: TensorMetadata>(
+    x: &P,
+    topo: &MeshTopology,
+    axis: usize,
+    global: &[usize],
+) {
     let m = topo.axis_size(axis) as u64;
     let groups = topo.size() as u64 / m;
-    comm::record(CollectiveKind::AllReduce, topo.axis_name(axis), groups * 2 * (m - 1) * shard_bytes(x, topo.ndim()), global);
+    comm::record(
+        CollectiveKind::AllReduce,
+        topo.axis_name(axis),
+        groups * 2 * (m - 1) * shard_bytes(x, topo.ndim()),
+        global,
+    );
 }
 
 /// Reduce-scatter along `axis` onto tensor dim `dim`: the reduction, then each index of the axis
 /// keeps its chunk of `dim`.
-pub fn reduce_scatter<B: Backend, K: Kind<B>>(x: K::P, topo: &MeshTopology, axis: usize, op: ReduceOp, dim: usize, global: &[usize]) -> K::P {
+pub fn reduce_scatter<B: Backend, K: Kind<B>>(
+    x: K::P,
+    topo: &MeshTopology,
+    axis: usize,
+    op: ReduceOp,
+    dim: usize,
+    global: &[usize],
+) -> K::P {
     let m = topo.axis_size(axis) as u64;
     let groups = topo.size() as u64 / m;
-    comm::record(CollectiveKind::ReduceScatter, topo.axis_name(axis), groups * (m - 1) * shard_bytes(&x, topo.ndim()), global);
+    comm::record(
+        CollectiveKind::ReduceScatter,
+        topo.axis_name(axis),
+        groups * (m - 1) * shard_bytes(&x, topo.ndim()),
+        global,
+    );
     local_chunk::<B, K>(K::reduce_dim(x, axis, op), topo, axis, dim)
 }
 
 /// All-gather along `axis` of tensor dim `dim`: the axis' leading dim moves next to `dim` and
 /// the two merge (coordinate-major, as the per-device concatenation): a permute and a reshape.
-pub fn all_gather<B: Backend, K: Kind<B>>(x: K::P, topo: &MeshTopology, axis: usize, dim: usize, global: &[usize]) -> K::P {
+pub fn all_gather<B: Backend, K: Kind<B>>(
+    x: K::P,
+    topo: &MeshTopology,
+    axis: usize,
+    dim: usize,
+    global: &[usize],
+) -> K::P {
     let k = topo.ndim();
     let m = topo.axis_size(axis);
     let groups = (topo.size() / m) as u64;
-    comm::record(CollectiveKind::AllGather, topo.axis_name(axis), groups * (m as u64 - 1) * m as u64 * shard_bytes(&x, k), global);
+    comm::record(
+        CollectiveKind::AllGather,
+        topo.axis_name(axis),
+        groups * (m as u64 - 1) * m as u64 * shard_bytes(&x, k),
+        global,
+    );
     gather_dims::<B, K>(x, k, axis, dim)
 }
 
@@ -86,7 +125,8 @@ pub(crate) fn permute<B: Backend, K: Kind<B>>(x: K::P, order: &[usize]) -> K::P 
 
 /// Whether `order` only moves dims of size 1 (the others keep their relative order).
 pub(crate) fn only_unit_dims_move(shape: &[usize], order: &[usize]) -> bool {
-    let kept = |it: &mut dyn Iterator<Item = usize>| it.filter(|&i| shape[i] != 1).collect::<Vec<_>>();
+    let kept =
+        |it: &mut dyn Iterator<Item = usize>| it.filter(|&i| shape[i] != 1).collect::<Vec<_>>();
     kept(&mut (0..shape.len())) == kept(&mut order.iter().copied())
 }
 
@@ -96,7 +136,12 @@ pub(crate) fn only_unit_dims_move(shape: &[usize], order: &[usize]) -> bool {
 /// sliced and concatenated along the axis' dim instead: one contiguous copy, where Flex would
 /// otherwise copy the permuted view through its scalar strided iterator at every later reshape
 /// (a model-parallel BatchNorm gradient, `[1, 2, 64, 24] -> [4, 2, 16, 24]`).
-pub fn local_chunk<B: Backend, K: Kind<B>>(x: K::P, topo: &MeshTopology, axis: usize, dim: usize) -> K::P {
+pub fn local_chunk<B: Backend, K: Kind<B>>(
+    x: K::P,
+    topo: &MeshTopology,
+    axis: usize,
+    dim: usize,
+) -> K::P {
     let k = topo.ndim();
     let m = topo.axis_size(axis);
     let xs = x.shape().to_vec();
@@ -124,22 +169,43 @@ pub fn local_chunk<B: Backend, K: Kind<B>>(x: K::P, topo: &MeshTopology, axis: u
 }
 
 /// All-to-all along `axis`, from sharding tensor dim `from` to sharding `to`.
-pub fn all_to_all<B: Backend, K: Kind<B>>(x: K::P, topo: &MeshTopology, axis: usize, from: usize, to: usize, global: &[usize]) -> K::P {
+pub fn all_to_all<B: Backend, K: Kind<B>>(
+    x: K::P,
+    topo: &MeshTopology,
+    axis: usize,
+    from: usize,
+    to: usize,
+    global: &[usize],
+) -> K::P {
     let k = topo.ndim();
     let m = topo.axis_size(axis) as u64;
-    comm::record(CollectiveKind::AllToAll, topo.axis_name(axis), topo.size() as u64 * (shard_bytes(&x, k) * (m - 1) / m), global);
+    comm::record(
+        CollectiveKind::AllToAll,
+        topo.axis_name(axis),
+        topo.size() as u64 * (shard_bytes(&x, k) * (m - 1) / m),
+        global,
+    );
     let whole = gather_dims::<B, K>(x, k, axis, from);
     local_chunk::<B, K>(whole, topo, axis, to)
 }
 
 /// A replicated value made partial along `axis` (no communication): for a sum, index 0 keeps the
 /// value and the others hold zeros; for max and min every index keeps it.
-pub fn make_partial<B: Backend, K: Kind<B>>(x: K::P, topo: &MeshTopology, axis: usize, op: ReduceOp) -> K::P {
+pub fn make_partial<B: Backend, K: Kind<B>>(
+    x: K::P,
+    topo: &MeshTopology,
+    axis: usize,
+    op: ReduceOp,
+) -> K::P {
     let m = topo.axis_size(axis);
     let parts = match op {
         ReduceOp::Sum => {
             let xs = x.shape().to_vec();
-            let zeros = K::zeros(Shape::from(with(&xs, axis, m - 1)), &K::device(&x), x.dtype());
+            let zeros = K::zeros(
+                Shape::from(with(&xs, axis, m - 1)),
+                &K::device(&x),
+                x.dtype(),
+            );
             vec![x, zeros]
         }
         ReduceOp::Max | ReduceOp::Min => vec![x; m],

@@ -12,15 +12,23 @@ use crate::tensor::{BoolKind as Bk, FloatKind, IntKind};
 
 impl<B: Backend> BoolTensorOps<Self> for DistributedBackend<B> {
     fn bool_empty(shape: Shape, device: &Device<Self>, dtype: BoolDType) -> BoolTensor<Self> {
-        create::<B, Bk>(&device.mesh, shape.to_vec(), |d| B::bool_empty(shape.clone(), d, dtype))
+        create::<B, Bk>(&device.mesh, shape.to_vec(), |d| {
+            B::bool_empty(shape.clone(), d, dtype)
+        })
     }
     fn bool_zeros(shape: Shape, device: &Device<Self>, dtype: BoolDType) -> BoolTensor<Self> {
-        create::<B, Bk>(&device.mesh, shape.to_vec(), |d| B::bool_zeros(shape.clone(), d, dtype))
+        create::<B, Bk>(&device.mesh, shape.to_vec(), |d| {
+            B::bool_zeros(shape.clone(), d, dtype)
+        })
     }
     fn bool_ones(shape: Shape, device: &Device<Self>, dtype: BoolDType) -> BoolTensor<Self> {
-        create::<B, Bk>(&device.mesh, shape.to_vec(), |d| B::bool_ones(shape.clone(), d, dtype))
+        create::<B, Bk>(&device.mesh, shape.to_vec(), |d| {
+            B::bool_ones(shape.clone(), d, dtype)
+        })
     }
-    async fn bool_into_data(t: BoolTensor<Self>) -> Result<TensorData, burn::tensor::backend::ExecutionError> {
+    async fn bool_into_data(
+        t: BoolTensor<Self>,
+    ) -> Result<TensorData, burn::tensor::backend::ExecutionError> {
         Ok(c::into_data::<B, Bk>(t))
     }
     fn bool_from_data(data: TensorData, device: &Device<Self>) -> BoolTensor<Self> {
@@ -44,10 +52,18 @@ impl<B: Backend> BoolTensorOps<Self> for DistributedBackend<B> {
     fn bool_slice(t: BoolTensor<Self>, slices: &[Slice]) -> BoolTensor<Self> {
         c::slice::<B, Bk>(t, slices)
     }
-    fn bool_slice_assign(t: BoolTensor<Self>, slices: &[Slice], v: BoolTensor<Self>) -> BoolTensor<Self> {
+    fn bool_slice_assign(
+        t: BoolTensor<Self>,
+        slices: &[Slice],
+        v: BoolTensor<Self>,
+    ) -> BoolTensor<Self> {
         c::slice_assign::<B, Bk>(t, slices, v, B::bool_slice_assign)
     }
-    fn bool_mask_where(t: BoolTensor<Self>, mask: BoolTensor<Self>, v: BoolTensor<Self>) -> BoolTensor<Self> {
+    fn bool_mask_where(
+        t: BoolTensor<Self>,
+        mask: BoolTensor<Self>,
+        v: BoolTensor<Self>,
+    ) -> BoolTensor<Self> {
         c::mask_where::<B, Bk, Bk>(t, mask, v, B::bool_mask_where)
     }
     fn bool_mask_fill(t: BoolTensor<Self>, mask: BoolTensor<Self>, v: Scalar) -> BoolTensor<Self> {
@@ -56,13 +72,23 @@ impl<B: Backend> BoolTensorOps<Self> for DistributedBackend<B> {
     fn bool_gather(dim: usize, t: BoolTensor<Self>, idx: IntTensor<Self>) -> BoolTensor<Self> {
         c::gather::<B, Bk, IntKind>(dim, t, idx, B::bool_gather)
     }
-    fn bool_scatter_or(dim: usize, t: BoolTensor<Self>, idx: IntTensor<Self>, v: BoolTensor<Self>) -> BoolTensor<Self> {
+    fn bool_scatter_or(
+        dim: usize,
+        t: BoolTensor<Self>,
+        idx: IntTensor<Self>,
+        v: BoolTensor<Self>,
+    ) -> BoolTensor<Self> {
         c::scatter::<B, Bk, IntKind>(dim, t, idx, v, B::bool_scatter_or)
     }
     fn bool_select(t: BoolTensor<Self>, dim: usize, idx: IntTensor<Self>) -> BoolTensor<Self> {
         c::select::<B, Bk, IntKind>(t, dim, idx, B::bool_select)
     }
-    fn bool_select_or(t: BoolTensor<Self>, dim: usize, idx: IntTensor<Self>, v: BoolTensor<Self>) -> BoolTensor<Self> {
+    fn bool_select_or(
+        t: BoolTensor<Self>,
+        dim: usize,
+        idx: IntTensor<Self>,
+        v: BoolTensor<Self>,
+    ) -> BoolTensor<Self> {
         c::select_assign::<B, Bk, IntKind>(t, dim, idx, v, B::bool_select_or)
     }
     fn bool_equal(a: BoolTensor<Self>, b: BoolTensor<Self>) -> BoolTensor<Self> {

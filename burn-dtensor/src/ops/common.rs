@@ -4,7 +4,7 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Slice, TensorData, TensorMetadata};
 
-use super::dispatch::{self, is_solo, only, run1, run2, run2_weighted, run3, run_n, solo_map};
+use super::dispatch::{self, is_solo, only, run_n, run1, run2, run2_weighted, run3, solo_map};
 use crate::layout::Layout;
 use crate::mesh::Mesh;
 use crate::redistribute::execute_stacked;
@@ -19,7 +19,10 @@ use crate::{DistributedDevice, host};
 /// return errors; relayout across meshes is refused with a typed error by [`crate::relayout`]).
 pub fn same_mesh(a: &Layout, b: &Layout) {
     if a.mesh.id != b.mesh.id {
-        panic!("burn-dtensor: operands live on different meshes ({} and {}); move one with `into_data` + `distribute`", a.mesh, b.mesh);
+        panic!(
+            "burn-dtensor: operands live on different meshes ({} and {}); move one with `into_data` + `distribute`",
+            a.mesh, b.mesh
+        );
     }
 }
 
@@ -36,7 +39,11 @@ fn settled<P: Clone>(t: DTensor<P>) -> DTensor<P> {
 }
 
 /// Element-wise unary op (shape kept).
-pub fn unary<B: Backend, KI: Kind<B>, KO: Kind<B>>(t: DTensor<KI::P>, lin: Linearity, f: impl Fn(KI::P) -> KO::P + Sync) -> DTensor<KO::P> {
+pub fn unary<B: Backend, KI: Kind<B>, KO: Kind<B>>(
+    t: DTensor<KI::P>,
+    lin: Linearity,
+    f: impl Fn(KI::P) -> KO::P + Sync,
+) -> DTensor<KO::P> {
     if is_solo(&t) {
         return solo_map(t, f);
     }
@@ -47,7 +54,12 @@ pub fn unary<B: Backend, KI: Kind<B>, KO: Kind<B>>(t: DTensor<KI::P>, lin: Linea
 }
 
 /// Element-wise binary op with broadcasting.
-pub fn binary<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(a: DTensor<K1::P>, b: DTensor<K2::P>, lin: Linearity, f: impl Fn(K1::P, K2::P) -> KO::P + Sync) -> DTensor<KO::P> {
+pub fn binary<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
+    a: DTensor<K1::P>,
+    b: DTensor<K2::P>,
+    lin: Linearity,
+    f: impl Fn(K1::P, K2::P) -> KO::P + Sync,
+) -> DTensor<KO::P> {
     same_mesh(&a.layout, &b.layout);
     if is_solo(&a) {
         return solo_map(a, |x| f(x, only(b)));
@@ -62,32 +74,64 @@ pub fn binary<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(a: DTensor<K1::
         let (xs, ys) = (x.shape(), y.shape());
         let shape = broadcast_shape(&[&xs, &ys]);
         let (m, o, dense) = stack::elementwise_plan::<B>(&[&xs, &ys]);
-        let r = f(stack::prepare::<B, K1>(x, &m[0], &o, dense[0]), stack::prepare::<B, K2>(y, &m[1], &o, dense[1]));
-        if r.shape().iter().eq(shape.iter()) { r } else { KO::reshape(r, shape.into()) }
+        let r = f(
+            stack::prepare::<B, K1>(x, &m[0], &o, dense[0]),
+            stack::prepare::<B, K2>(y, &m[1], &o, dense[1]),
+        );
+        if r.shape().iter().eq(shape.iter()) {
+            r
+        } else {
+            KO::reshape(r, shape.into())
+        }
     })
 }
 
 /// Element-wise binary op that also needs `dims` whole (cross product).
-pub fn binary_along<B: Backend, K: Kind<B>>(a: DTensor<K::P>, b: DTensor<K::P>, dims: &[usize], f: impl Fn(K::P, K::P) -> K::P + Sync) -> DTensor<K::P> {
+pub fn binary_along<B: Backend, K: Kind<B>>(
+    a: DTensor<K::P>,
+    b: DTensor<K::P>,
+    dims: &[usize],
+    f: impl Fn(K::P, K::P) -> K::P + Sync,
+) -> DTensor<K::P> {
     same_mesh(&a.layout, &b.layout);
     if is_solo(&a) {
         return solo_map(a, |x| f(x, only(b)));
     }
     let out = broadcast_shape(&[&a.shape, &b.shape]);
-    let mut s = nary(&[(&a.layout, &a.shape), (&b.layout, &b.shape)], &out, Linearity::None);
-    s.inputs.iter_mut().chain(std::iter::once(&mut s.output)).for_each(|l| *l = rules::unsharded_on(l, dims));
+    let mut s = nary(
+        &[(&a.layout, &a.shape), (&b.layout, &b.shape)],
+        &out,
+        Linearity::None,
+    );
+    s.inputs
+        .iter_mut()
+        .chain(std::iter::once(&mut s.output))
+        .for_each(|l| *l = rules::unsharded_on(l, dims));
     run2::<B, K, K, K>(a, b, &s, out, false, |_, x, y| f(x, y))
 }
 
 /// `mask_where(t, mask, value)`, broadcasting.
-pub fn mask_where<B: Backend, K: Kind<B>, KM: Kind<B>>(t: DTensor<K::P>, mask: DTensor<KM::P>, value: DTensor<K::P>, f: impl Fn(K::P, KM::P, K::P) -> K::P + Sync) -> DTensor<K::P> {
+pub fn mask_where<B: Backend, K: Kind<B>, KM: Kind<B>>(
+    t: DTensor<K::P>,
+    mask: DTensor<KM::P>,
+    value: DTensor<K::P>,
+    f: impl Fn(K::P, KM::P, K::P) -> K::P + Sync,
+) -> DTensor<K::P> {
     same_mesh(&t.layout, &mask.layout);
     same_mesh(&t.layout, &value.layout);
     if is_solo(&t) {
         return solo_map(t, |x| f(x, only(mask), only(value)));
     }
     let out = broadcast_shape(&[&t.shape, &mask.shape, &value.shape]);
-    let s = nary(&[(&t.layout, &t.shape), (&mask.layout, &mask.shape), (&value.layout, &value.shape)], &out, Linearity::None);
+    let s = nary(
+        &[
+            (&t.layout, &t.shape),
+            (&mask.layout, &mask.shape),
+            (&value.layout, &value.shape),
+        ],
+        &out,
+        Linearity::None,
+    );
     run3::<B, K, KM, K, K>(t, mask, value, &s, out, true, |at, x, m, v| {
         if !matches!(at, At::Stacked(_)) {
             return f(x, m, v);
@@ -95,13 +139,26 @@ pub fn mask_where<B: Backend, K: Kind<B>, KM: Kind<B>>(t: DTensor<K::P>, mask: D
         let (xs, ms, vs) = (x.shape(), m.shape(), v.shape());
         let shape = broadcast_shape(&[&xs, &ms, &vs]);
         let (c, o, dense) = stack::elementwise_plan::<B>(&[&xs, &ms, &vs]);
-        let r = f(stack::prepare::<B, K>(x, &c[0], &o, dense[0]), stack::prepare::<B, KM>(m, &c[1], &o, dense[1]), stack::prepare::<B, K>(v, &c[2], &o, dense[2]));
-        if r.shape().iter().eq(shape.iter()) { r } else { K::reshape(r, shape.into()) }
+        let r = f(
+            stack::prepare::<B, K>(x, &c[0], &o, dense[0]),
+            stack::prepare::<B, KM>(m, &c[1], &o, dense[1]),
+            stack::prepare::<B, K>(v, &c[2], &o, dense[2]),
+        );
+        if r.shape().iter().eq(shape.iter()) {
+            r
+        } else {
+            K::reshape(r, shape.into())
+        }
     })
 }
 
 /// An op along `dims` that keeps the rank: those dims whole, the rest per shard.
-pub fn along<B: Backend, KI: Kind<B>, KO: Kind<B>>(t: DTensor<KI::P>, dims: &[usize], shape: Vec<usize>, f: impl Fn(KI::P) -> KO::P + Sync) -> DTensor<KO::P> {
+pub fn along<B: Backend, KI: Kind<B>, KO: Kind<B>>(
+    t: DTensor<KI::P>,
+    dims: &[usize],
+    shape: Vec<usize>,
+    f: impl Fn(KI::P) -> KO::P + Sync,
+) -> DTensor<KO::P> {
     if is_solo(&t) {
         return solo_map(t, f);
     }
@@ -111,7 +168,12 @@ pub fn along<B: Backend, KI: Kind<B>, KO: Kind<B>>(t: DTensor<KI::P>, dims: &[us
 
 /// Reduction over `dim` (kept as size 1) with a partial result when `dim` is sharded; `f(x, d)`
 /// reduces the inner primitive over its dim `d`.
-pub fn reduce_dim<B: Backend, K: Kind<B>>(t: DTensor<K::P>, s: Strategy, dim: usize, f: impl Fn(K::P, usize) -> K::P + Sync) -> DTensor<K::P> {
+pub fn reduce_dim<B: Backend, K: Kind<B>>(
+    t: DTensor<K::P>,
+    s: Strategy,
+    dim: usize,
+    f: impl Fn(K::P, usize) -> K::P + Sync,
+) -> DTensor<K::P> {
     if is_solo(&t) {
         return solo_map(t, |x| f(x, dim));
     }
@@ -121,7 +183,11 @@ pub fn reduce_dim<B: Backend, K: Kind<B>>(t: DTensor<K::P>, s: Strategy, dim: us
 }
 
 /// Reduction of all elements to shape `[1]`.
-pub fn reduce_all<B: Backend, K: Kind<B>>(t: DTensor<K::P>, op: crate::ReduceOp, f: impl Fn(K::P) -> K::P + Sync) -> DTensor<K::P> {
+pub fn reduce_all<B: Backend, K: Kind<B>>(
+    t: DTensor<K::P>,
+    op: crate::ReduceOp,
+    f: impl Fn(K::P) -> K::P + Sync,
+) -> DTensor<K::P> {
     if is_solo(&t) {
         return solo_map(t, f);
     }
@@ -140,7 +206,10 @@ pub fn reduce_all<B: Backend, K: Kind<B>>(t: DTensor<K::P>, op: crate::ReduceOp,
 }
 
 /// Universal fallback: gather, run the inner op on the whole tensor, replicate the output.
-pub fn fallback1<B: Backend, KI: Kind<B>, KO: Kind<B>>(t: DTensor<KI::P>, f: impl Fn(KI::P) -> KO::P + Sync) -> DTensor<KO::P> {
+pub fn fallback1<B: Backend, KI: Kind<B>, KO: Kind<B>>(
+    t: DTensor<KI::P>,
+    f: impl Fn(KI::P) -> KO::P + Sync,
+) -> DTensor<KO::P> {
     let s = fallback::replicate(&[&t.layout], 0);
     fix_replicated(run1::<B, KI, KO>(t, &s, vec![], false, |_, x| f(x)))
 }
@@ -161,7 +230,11 @@ pub fn fix_replicated<P: TensorMetadata>(mut r: DTensor<P>) -> DTensor<P> {
 /// Stacked, a contracting dim sharded on both sides gives a tensor with [deferred
 /// shards](crate::tensor::Deferred): its reduced value is one matmul over the whole contracting
 /// dim ([`stack::contract`]), its per-shard partial products are computed only if read.
-pub fn matmul<B: Backend, K: Kind<B>, F>(lhs: DTensor<K::P>, rhs: DTensor<K::P>, f: F) -> DTensor<K::P>
+pub fn matmul<B: Backend, K: Kind<B>, F>(
+    lhs: DTensor<K::P>,
+    rhs: DTensor<K::P>,
+    f: F,
+) -> DTensor<K::P>
 where
     F: Fn(K::P, K::P) -> K::P + Copy + Send + Sync + 'static,
 {
@@ -172,27 +245,47 @@ where
     let s = rules::matmul::matmul(&lhs.layout, &lhs.shape, &rhs.layout, &rhs.shape);
     let r = lhs.shape.len();
     let bcast = |a: usize, b: usize| if a == 1 { b } else { a };
-    let mut shape: Vec<usize> = (0..r - 2).map(|d| bcast(lhs.shape[d], rhs.shape[d])).collect();
+    let mut shape: Vec<usize> = (0..r - 2)
+        .map(|d| bcast(lhs.shape[d], rhs.shape[d]))
+        .collect();
     shape.extend([lhs.shape[r - 2], rhs.shape[r - 1]]);
     // Per-shard multiply-adds (batch * m * k * n of the first shards) decide the threading.
     let weigh = |x: &[K::P], y: &[K::P]| -> usize {
-        let (Some(x), Some(y)) = (x.first(), y.first()) else { return 0 };
+        let (Some(x), Some(y)) = (x.first(), y.first()) else {
+            return 0;
+        };
         let (xs, ys) = (x.shape(), y.shape());
         // [.., m, k] @ [.., k, n]: lhs elements * n, or rhs elements * m when rhs carries the batch.
-        let macs = xs.num_elements().saturating_mul(ys[r - 1]).max(ys.num_elements().saturating_mul(xs[r - 2]));
-        (macs / dispatch::MATMUL_WORK_PER_ELEMENT).max(xs.num_elements()).max(ys.num_elements())
+        let macs = xs
+            .num_elements()
+            .saturating_mul(ys[r - 1])
+            .max(ys.num_elements().saturating_mul(xs[r - 2]));
+        (macs / dispatch::MATMUL_WORK_PER_ELEMENT)
+            .max(xs.num_elements())
+            .max(ys.num_elements())
     };
-    let elements = |l: &Layout, shape: &[usize]| stack::stack_shape(l, shape).iter().product::<usize>();
+    let elements =
+        |l: &Layout, shape: &[usize]| stack::stack_shape(l, shape).iter().product::<usize>();
     if s.output.is_partial()
-        && dispatch::stacks::<B>(true, (&s.output, &shape), &[(&s.inputs[0], &lhs.shape), (&s.inputs[1], &rhs.shape)])
-        && stack::contracts(elements(&s.output, &shape), elements(&s.inputs[0], &lhs.shape), elements(&s.inputs[1], &rhs.shape))
+        && dispatch::stacks::<B>(
+            true,
+            (&s.output, &shape),
+            &[(&s.inputs[0], &lhs.shape), (&s.inputs[1], &rhs.shape)],
+        )
+        && stack::contracts(
+            elements(&s.output, &shape),
+            elements(&s.inputs[0], &lhs.shape),
+            elements(&s.inputs[1], &rhs.shape),
+        )
     {
         let x = execute_stacked::<B, K>(lhs, &s.inputs[0]);
         let y = execute_stacked::<B, K>(rhs, &s.inputs[1]);
         let k = s.output.mesh.ndim();
         let axes: Vec<usize> = (0..k).filter(|&a| s.output.partial[a].is_some()).collect();
         let reduced = stack::contract::<B, K>(x.clone(), y.clone(), k, &axes, f);
-        return DTensor::deferred(shape, s.output, reduced, move || stack::matmul::<B, K>(x.clone(), y.clone(), k, f));
+        return DTensor::deferred(shape, s.output, reduced, move || {
+            stack::matmul::<B, K>(x.clone(), y.clone(), k, f)
+        });
     }
     // Stacked: the leading mesh dims are batch dims, folded into rows where `stack::matmul` can.
     run2_weighted::<B, K, K, K>(lhs, rhs, &s, shape, true, weigh, |at, x, y| {
@@ -239,11 +332,17 @@ pub fn reshape<B: Backend, K: Kind<B>>(t: DTensor<K::P>, new: Vec<usize>) -> DTe
     }
     let s = view::reshape(&t.layout, &t.shape, &new);
     let out = s.output.clone();
-    run1::<B, K, K>(t, &s, new.clone(), true, |at, x| K::reshape(x, at.shape(&out, &new).into()))
+    run1::<B, K, K>(t, &s, new.clone(), true, |at, x| {
+        K::reshape(x, at.shape(&out, &new).into())
+    })
 }
 
 /// `expand(shape)`.
-pub fn expand<B: Backend, K: Kind<B>>(t: DTensor<K::P>, new: Vec<usize>, f: impl Fn(K::P, burn::tensor::Shape) -> K::P + Sync) -> DTensor<K::P> {
+pub fn expand<B: Backend, K: Kind<B>>(
+    t: DTensor<K::P>,
+    new: Vec<usize>,
+    f: impl Fn(K::P, burn::tensor::Shape) -> K::P + Sync,
+) -> DTensor<K::P> {
     if is_solo(&t) {
         return solo_map(t, |x| f(x, new.into()));
     }
@@ -256,7 +355,12 @@ pub fn expand<B: Backend, K: Kind<B>>(t: DTensor<K::P>, new: Vec<usize>, f: impl
         let x = match at {
             At::Stacked(k) if added > 0 => {
                 let xs = x.shape();
-                let with_ones: Vec<usize> = xs[..k].iter().copied().chain(std::iter::repeat_n(1, added)).chain(xs[k..].iter().copied()).collect();
+                let with_ones: Vec<usize> = xs[..k]
+                    .iter()
+                    .copied()
+                    .chain(std::iter::repeat_n(1, added))
+                    .chain(xs[k..].iter().copied())
+                    .collect();
                 K::reshape(x, with_ones.into())
             }
             _ => x,
@@ -266,7 +370,13 @@ pub fn expand<B: Backend, K: Kind<B>>(t: DTensor<K::P>, new: Vec<usize>, f: impl
 }
 
 /// `unfold(dim, size, step)`: windows along a whole `dim`, appended as a new last dim.
-pub fn unfold<B: Backend, K: Kind<B>>(t: DTensor<K::P>, dim: usize, size: usize, step: usize, f: impl Fn(K::P) -> K::P + Sync) -> DTensor<K::P> {
+pub fn unfold<B: Backend, K: Kind<B>>(
+    t: DTensor<K::P>,
+    dim: usize,
+    size: usize,
+    step: usize,
+    f: impl Fn(K::P) -> K::P + Sync,
+) -> DTensor<K::P> {
     let mut s = rules::along_dims(&t.layout, &[dim]);
     s.output.dims.push(None);
     let mut shape = t.shape.clone();
@@ -276,7 +386,17 @@ pub fn unfold<B: Backend, K: Kind<B>>(t: DTensor<K::P>, dim: usize, size: usize,
 }
 
 fn local_slices(slices: &[Slice], l: &Layout) -> Vec<Slice> {
-    slices.iter().enumerate().map(|(d, s)| if l.dims[d].is_some() { Slice::full() } else { *s }).collect()
+    slices
+        .iter()
+        .enumerate()
+        .map(|(d, s)| {
+            if l.dims[d].is_some() {
+                Slice::full()
+            } else {
+                *s
+            }
+        })
+        .collect()
 }
 
 /// `slice(slices)`.
@@ -286,27 +406,48 @@ pub fn slice<B: Backend, K: Kind<B>>(t: DTensor<K::P>, slices: &[Slice]) -> DTen
     }
     let t = settled(t);
     let s = index::slice(&t.layout, &t.shape, slices);
-    let shape = t.shape.iter().enumerate().map(|(d, &n)| slices.get(d).map_or(n, |s| s.output_size(n))).collect();
+    let shape = t
+        .shape
+        .iter()
+        .enumerate()
+        .map(|(d, &n)| slices.get(d).map_or(n, |s| s.output_size(n)))
+        .collect();
     let local = local_slices(slices, &s.inputs[0]);
     run1::<B, K, K>(t, &s, shape, true, |at, x| K::slice(x, &at.slices(&local)))
 }
 
 /// `slice_assign(t, slices, value)`.
-pub fn slice_assign<B: Backend, K: Kind<B>>(t: DTensor<K::P>, slices: &[Slice], value: DTensor<K::P>, f: impl Fn(K::P, &[Slice], K::P) -> K::P + Sync) -> DTensor<K::P> {
+pub fn slice_assign<B: Backend, K: Kind<B>>(
+    t: DTensor<K::P>,
+    slices: &[Slice],
+    value: DTensor<K::P>,
+    f: impl Fn(K::P, &[Slice], K::P) -> K::P + Sync,
+) -> DTensor<K::P> {
     same_mesh(&t.layout, &value.layout);
     let s = index::slice_assign(&t.layout, &t.shape, slices);
     let local = local_slices(slices, &s.inputs[0]);
     let shape = t.shape.clone();
-    run2::<B, K, K, K>(t, value, &s, shape, true, |at, x, v| f(x, &at.slices(&local), v))
+    run2::<B, K, K, K>(t, value, &s, shape, true, |at, x, v| {
+        f(x, &at.slices(&local), v)
+    })
 }
 
 /// Whether `a` and `b` have the same shape except on `dim`.
 fn same_off(a: &[usize], b: &[usize], dim: usize) -> bool {
-    a.len() == b.len() && a.iter().zip(b).enumerate().all(|(d, (x, y))| d == dim || x == y)
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .enumerate()
+            .all(|(d, (x, y))| d == dim || x == y)
 }
 
 /// `gather(dim, t, indices)`: per shard when `indices` matches `t` off `dim`, else fallback.
-pub fn gather<B: Backend, K: Kind<B>, KI: Kind<B>>(dim: usize, t: DTensor<K::P>, idx: DTensor<KI::P>, f: impl Fn(usize, K::P, KI::P) -> K::P + Sync) -> DTensor<K::P> {
+pub fn gather<B: Backend, K: Kind<B>, KI: Kind<B>>(
+    dim: usize,
+    t: DTensor<K::P>,
+    idx: DTensor<KI::P>,
+    f: impl Fn(usize, K::P, KI::P) -> K::P + Sync,
+) -> DTensor<K::P> {
     same_mesh(&t.layout, &idx.layout);
     if is_solo(&t) {
         return solo_map(t, |x| f(dim, x, only(idx)));
@@ -321,7 +462,13 @@ pub fn gather<B: Backend, K: Kind<B>, KI: Kind<B>>(dim: usize, t: DTensor<K::P>,
 }
 
 /// `scatter_*(dim, t, indices, value)` and `select_*`-style ops with a value operand.
-pub fn scatter<B: Backend, K: Kind<B>, KI: Kind<B>>(dim: usize, t: DTensor<K::P>, idx: DTensor<KI::P>, value: DTensor<K::P>, f: impl Fn(usize, K::P, KI::P, K::P) -> K::P + Sync) -> DTensor<K::P> {
+pub fn scatter<B: Backend, K: Kind<B>, KI: Kind<B>>(
+    dim: usize,
+    t: DTensor<K::P>,
+    idx: DTensor<KI::P>,
+    value: DTensor<K::P>,
+    f: impl Fn(usize, K::P, KI::P, K::P) -> K::P + Sync,
+) -> DTensor<K::P> {
     same_mesh(&t.layout, &idx.layout);
     if is_solo(&t) {
         return solo_map(t, |x| f(dim, x, only(idx), only(value)));
@@ -332,32 +479,53 @@ pub fn scatter<B: Backend, K: Kind<B>, KI: Kind<B>>(dim: usize, t: DTensor<K::P>
         fallback::replicate(&[&t.layout, &idx.layout, &value.layout], t.shape.len())
     };
     let shape = t.shape.clone();
-    run3::<B, K, KI, K, K>(t, idx, value, &s, shape, true, |at, x, i, v| f(dim + at.off(), x, i, v))
+    run3::<B, K, KI, K, K>(t, idx, value, &s, shape, true, |at, x, i, v| {
+        f(dim + at.off(), x, i, v)
+    })
 }
 
 /// `select(t, dim, indices)`: `dim` whole, indices replicated.
-pub fn select<B: Backend, K: Kind<B>, KI: Kind<B>>(t: DTensor<K::P>, dim: usize, idx: DTensor<KI::P>, f: impl Fn(K::P, usize, KI::P) -> K::P + Sync) -> DTensor<K::P> {
+pub fn select<B: Backend, K: Kind<B>, KI: Kind<B>>(
+    t: DTensor<K::P>,
+    dim: usize,
+    idx: DTensor<KI::P>,
+    f: impl Fn(K::P, usize, KI::P) -> K::P + Sync,
+) -> DTensor<K::P> {
     same_mesh(&t.layout, &idx.layout);
     if is_solo(&t) {
         return solo_map(t, |x| f(x, dim, only(idx)));
     }
     let r = rules::unsharded_on(&t.layout, &[dim]);
-    let s = Strategy { inputs: vec![r.clone(), Layout::replicated_on(&r.mesh, 1)], output: r };
+    let s = Strategy {
+        inputs: vec![r.clone(), Layout::replicated_on(&r.mesh, 1)],
+        output: r,
+    };
     let mut shape = t.shape.clone();
     shape[dim] = idx.shape[0];
     run2::<B, K, KI, K>(t, idx, &s, shape, false, |_, x, i| f(x, dim, i))
 }
 
 /// `select_add(t, dim, indices, value)`: `dim` whole, indices replicated, value aligned with `t`.
-pub fn select_assign<B: Backend, K: Kind<B>, KI: Kind<B>>(t: DTensor<K::P>, dim: usize, idx: DTensor<KI::P>, value: DTensor<K::P>, f: impl Fn(K::P, usize, KI::P, K::P) -> K::P + Sync) -> DTensor<K::P> {
+pub fn select_assign<B: Backend, K: Kind<B>, KI: Kind<B>>(
+    t: DTensor<K::P>,
+    dim: usize,
+    idx: DTensor<KI::P>,
+    value: DTensor<K::P>,
+    f: impl Fn(K::P, usize, KI::P, K::P) -> K::P + Sync,
+) -> DTensor<K::P> {
     same_mesh(&t.layout, &idx.layout);
     if is_solo(&t) {
         return solo_map(t, |x| f(x, dim, only(idx), only(value)));
     }
     let r = rules::unsharded_on(&t.layout, &[dim]);
-    let s = Strategy { inputs: vec![r.clone(), Layout::replicated_on(&r.mesh, 1), r.clone()], output: r };
+    let s = Strategy {
+        inputs: vec![r.clone(), Layout::replicated_on(&r.mesh, 1), r.clone()],
+        output: r,
+    };
     let shape = t.shape.clone();
-    run3::<B, K, KI, K, K>(t, idx, value, &s, shape, false, |_, x, i, v| f(x, dim, i, v))
+    run3::<B, K, KI, K, K>(t, idx, value, &s, shape, false, |_, x, i, v| {
+        f(x, dim, i, v)
+    })
 }
 
 /// `cat(tensors, dim)`: `dim` whole, other dims aligned with the first tensor.
@@ -365,11 +533,18 @@ pub fn cat<B: Backend, K: Kind<B>>(ts: Vec<DTensor<K::P>>, dim: usize) -> DTenso
     let s = index::cat(&ts.iter().map(|t| &*t.layout).collect::<Vec<_>>(), dim);
     let mut shape = ts[0].shape.clone();
     shape[dim] = ts.iter().map(|t| t.shape[dim]).sum();
-    run_n::<B, K, K>(ts, &s, shape, true, |at, parts| K::cat(parts, dim + at.off()))
+    run_n::<B, K, K>(ts, &s, shape, true, |at, parts| {
+        K::cat(parts, dim + at.off())
+    })
 }
 
 /// `repeat_dim(dim, times)`.
-pub fn repeat_dim<B: Backend, K: Kind<B>>(t: DTensor<K::P>, dim: usize, times: usize, f: impl Fn(K::P) -> K::P + Sync) -> DTensor<K::P> {
+pub fn repeat_dim<B: Backend, K: Kind<B>>(
+    t: DTensor<K::P>,
+    dim: usize,
+    times: usize,
+    f: impl Fn(K::P) -> K::P + Sync,
+) -> DTensor<K::P> {
     let mut shape = t.shape.clone();
     shape[dim] *= times;
     along::<B, K, K>(t, &[dim], shape, f)
@@ -386,20 +561,31 @@ pub fn device<B: Backend, P>(t: &DTensor<P>) -> DistributedDevice<B::Device> {
 }
 
 /// Uploads host data replicated on every device of the mesh (once per distinct inner device).
-pub fn from_data<B: Backend, K: Kind<B>>(data: TensorData, device: &DistributedDevice<B::Device>) -> DTensor<K::P> {
+pub fn from_data<B: Backend, K: Kind<B>>(
+    data: TensorData,
+    device: &DistributedDevice<B::Device>,
+) -> DTensor<K::P> {
     let layout = Layout::replicated(&device.mesh, data.shape.num_dims());
-    distribute::<B, K>(data, &device.mesh, &layout).expect("a replicated layout of the data's own rank on its own mesh")
+    distribute::<B, K>(data, &device.mesh, &layout)
+        .expect("a replicated layout of the data's own rank on its own mesh")
 }
 
 /// Uploads host data with each device receiving only its chunk under `layout`.
 ///
 /// # Errors
 /// Rank mismatch, or unsupported (quantized) data.
-pub fn distribute<B: Backend, K: Kind<B>>(data: TensorData, mesh: &Mesh<B::Device>, layout: &Layout) -> crate::Result<DTensor<K::P>> {
+pub fn distribute<B: Backend, K: Kind<B>>(
+    data: TensorData,
+    mesh: &Mesh<B::Device>,
+    layout: &Layout,
+) -> crate::Result<DTensor<K::P>> {
     let shape = data.shape.to_vec();
     layout.check_rank(shape.len())?;
     if layout.mesh.id != mesh.id() {
-        return Err(crate::DTensorError::MeshMismatch { from: layout.mesh.to_string(), to: mesh.to_string() });
+        return Err(crate::DTensorError::MeshMismatch {
+            from: layout.mesh.to_string(),
+            to: mesh.to_string(),
+        });
     }
     let settled = layout.without_partial();
     if dispatch::holds_stacked::<B>(&settled, &shape) {
@@ -410,10 +596,17 @@ pub fn distribute<B: Backend, K: Kind<B>>(data: TensorData, mesh: &Mesh<B::Devic
         // after the first (spatial mode's features), which backends then copy element by
         // element.
         let target = stack::stack_shape(&settled, &shape);
-        let boxes: Vec<_> = (0..mesh.size()).filter(|&i| stack::is_representative(&settled, i)).map(|i| local_ranges(&settled, &shape, i)).collect();
+        let boxes: Vec<_> = (0..mesh.size())
+            .filter(|&i| stack::is_representative(&settled, i))
+            .map(|i| local_ranges(&settled, &shape, i))
+            .collect();
         let data = host::stack(data, &boxes, target)?;
         let t = stack::output(shape, settled, K::from_data(data, &mesh.devices()[0]));
-        return if layout.is_partial() { crate::redistribute::redistribute::<B, K>(t, layout) } else { Ok(t) };
+        return if layout.is_partial() {
+            crate::redistribute::redistribute::<B, K>(t, layout)
+        } else {
+            Ok(t)
+        };
     }
     let plan = super::dispatch::dedupe_plan(&[&settled], mesh.devices());
     let computed: Vec<usize> = (0..mesh.size()).filter(|&i| plan[i].is_none()).collect();
@@ -427,7 +620,10 @@ pub fn distribute<B: Backend, K: Kind<B>>(data: TensorData, mesh: &Mesh<B::Devic
                 // (no copy on a single device or a mesh of one), a copy before; a sharded one
                 // copies only its chunk.
                 let ranges = local_ranges(&settled, &shape, i);
-                let whole = ranges.iter().zip(&shape).all(|(r, &n)| r.start == 0 && r.end == n);
+                let whole = ranges
+                    .iter()
+                    .zip(&shape)
+                    .all(|(r, &n)| r.start == 0 && r.end == n);
                 let d = match (whole, computed.last() == Some(&i)) {
                     (true, true) => data.take().expect("host data"),
                     (true, false) => data.clone().expect("host data"),
@@ -439,25 +635,39 @@ pub fn distribute<B: Backend, K: Kind<B>>(data: TensorData, mesh: &Mesh<B::Devic
         shards.push(p);
     }
     let t = DTensor::from_parts(shape, settled, shards);
-    Ok(if layout.is_partial() { crate::redistribute::execute::<B, K>(t, layout) } else { t })
+    Ok(if layout.is_partial() {
+        crate::redistribute::execute::<B, K>(t, layout)
+    } else {
+        t
+    })
 }
 
 /// Downloads the global tensor: partial results are reduced on the mesh, then one device per
 /// distinct chunk is read and the chunks are assembled on the host (no device collective).
 pub fn into_data<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> TensorData {
-    let t = if t.layout.is_partial() { crate::redistribute::execute::<B, K>(t.clone(), &t.layout.without_partial()) } else { stack::to_per_device::<B, K>(t) };
+    let t = if t.layout.is_partial() {
+        crate::redistribute::execute::<B, K>(t.clone(), &t.layout.without_partial())
+    } else {
+        stack::to_per_device::<B, K>(t)
+    };
     let mut pieces = Vec::new();
     for (i, p) in t.shards.iter().enumerate() {
         // One device per chunk (the layout is settled: its used axes are the sharding ones).
         if stack::is_representative(&t.layout, i) {
-            pieces.push((local_ranges(&t.layout, &t.shape, i), K::into_data(p.clone())));
+            pieces.push((
+                local_ranges(&t.layout, &t.shape, i),
+                K::into_data(p.clone()),
+            ));
         }
     }
     host::assemble(&t.shape, pieces).expect("assembling shards on the host")
 }
 
 /// Moves a tensor to another mesh (through the host) or returns it when already there.
-pub fn to_device<B: Backend, K: Kind<B>>(t: DTensor<K::P>, device: &DistributedDevice<B::Device>) -> DTensor<K::P> {
+pub fn to_device<B: Backend, K: Kind<B>>(
+    t: DTensor<K::P>,
+    device: &DistributedDevice<B::Device>,
+) -> DTensor<K::P> {
     if t.layout.mesh.id == device.mesh.id() {
         return t;
     }

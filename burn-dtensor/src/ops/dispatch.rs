@@ -11,8 +11,8 @@ use burn::tensor::backend::Backend;
 use crate::inner::threads_for;
 use crate::layout::Layout;
 use crate::redistribute::{execute, execute_stacked};
-use crate::stack::{self, At};
 use crate::rules::Strategy;
+use crate::stack::{self, At};
 use crate::tensor::{DTensor, Kind};
 
 /// For each device: `None` to compute, `Some(j)` to reuse device `j`'s result.
@@ -31,9 +31,15 @@ pub(crate) fn dedupe_plan<D: PartialEq>(layouts: &[&Layout], devices: &[D]) -> V
         }
     }
     // A device's key: its coordinates on the used axes, as one mixed-radix number.
-    let key = |i: usize| -> usize { (0..topo.ndim()).filter(|&a| axes[a]).fold(0, |k, a| k * topo.axis_size(a) + topo.coord(i, a)) };
+    let key = |i: usize| -> usize {
+        (0..topo.ndim())
+            .filter(|&a| axes[a])
+            .fold(0, |k, a| k * topo.axis_size(a) + topo.coord(i, a))
+    };
     let keys: Vec<usize> = (0..devices.len()).map(key).collect();
-    (0..devices.len()).map(|i| (0..i).find(|&j| keys[j] == keys[i] && devices[j] == devices[i])).collect()
+    (0..devices.len())
+        .map(|i| (0..i).find(|&j| keys[j] == keys[i] && devices[j] == devices[i]))
+        .collect()
 }
 
 /// Per-shard work from which the shards of one op run on rayon's pool; below it, waking the
@@ -46,7 +52,12 @@ pub(crate) fn dedupe_plan<D: PartialEq>(layouts: &[&Layout], devices: &[D]) -> V
 /// (millions of elements) gain 1.6x from the pool. Override with `BURN_DTENSOR_PAR_MIN`.
 pub(crate) fn par_min() -> usize {
     static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("BURN_DTENSOR_PAR_MIN").ok().and_then(|v| v.parse().ok()).unwrap_or(256 * 1024))
+    *V.get_or_init(|| {
+        std::env::var("BURN_DTENSOR_PAR_MIN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(256 * 1024)
+    })
 }
 
 /// Multiply-adds of a matmul worth one element of element-wise work in [`par_min`]'s count
@@ -57,23 +68,41 @@ pub(crate) const MATMUL_WORK_PER_ELEMENT: usize = 16;
 /// Runs `f` on every shard that `plan` says to compute (in parallel when `threads` allows it,
 /// each shard holds at least [`par_min`] elements and more than one must be computed), then
 /// fills the replicas.
-fn run_each<P: Clone + Send, I: Send>(inputs: Vec<I>, plan: &[Option<usize>], work: usize, threads: bool, f: impl Fn(usize, I) -> P + Sync) -> Vec<P> {
+fn run_each<P: Clone + Send, I: Send>(
+    inputs: Vec<I>,
+    plan: &[Option<usize>],
+    work: usize,
+    threads: bool,
+    f: impl Fn(usize, I) -> P + Sync,
+) -> Vec<P> {
     use rayon::prelude::*;
     if inputs.len() == 1 {
         return inputs.into_iter().map(|x| f(0, x)).collect();
     }
     let todo = plan.iter().filter(|p| p.is_none()).count();
-    let mut slots: Vec<Option<P>> = if threads && todo > 1 && work >= par_min() && rayon::current_num_threads() > 1 {
-        inputs.into_par_iter().enumerate().map(|(i, x)| plan[i].is_none().then(|| f(i, x))).collect()
-    } else {
-        inputs.into_iter().enumerate().map(|(i, x)| plan[i].is_none().then(|| f(i, x))).collect()
-    };
+    let mut slots: Vec<Option<P>> =
+        if threads && todo > 1 && work >= par_min() && rayon::current_num_threads() > 1 {
+            inputs
+                .into_par_iter()
+                .enumerate()
+                .map(|(i, x)| plan[i].is_none().then(|| f(i, x)))
+                .collect()
+        } else {
+            inputs
+                .into_iter()
+                .enumerate()
+                .map(|(i, x)| plan[i].is_none().then(|| f(i, x)))
+                .collect()
+        };
     for i in 0..slots.len() {
         if let Some(j) = plan[i] {
             slots[i] = slots[j].clone();
         }
     }
-    slots.into_iter().map(|s| s.expect("every shard computed or copied")).collect()
+    slots
+        .into_iter()
+        .map(|s| s.expect("every shard computed or copied"))
+        .collect()
 }
 
 /// Whether the tensor lives on a mesh of one device. There every layout places the whole tensor
@@ -95,10 +124,21 @@ pub(crate) fn only<P>(t: DTensor<P>) -> P {
 /// It runs for every op on such a mesh, so it allocates nothing of its own: the input's shape
 /// and shard vectors and its layout are reused for the output (the shard vector in place when
 /// `P` and `Q` have one size, as the inner backends' float/int/bool primitives do).
-pub(crate) fn solo_map<P, Q: burn::tensor::TensorMetadata>(t: DTensor<P>, f: impl FnOnce(P) -> Q) -> DTensor<Q> {
-    let DTensor { mut shape, layout, shards, .. } = t;
+pub(crate) fn solo_map<P, Q: burn::tensor::TensorMetadata>(
+    t: DTensor<P>,
+    f: impl FnOnce(P) -> Q,
+) -> DTensor<Q> {
+    let DTensor {
+        mut shape,
+        layout,
+        shards,
+        ..
+    } = t;
     let mut f = Some(f);
-    let shards: Vec<Q> = shards.into_iter().map(|x| f.take().expect("one shard")(x)).collect();
+    let shards: Vec<Q> = shards
+        .into_iter()
+        .map(|x| f.take().expect("one shard")(x))
+        .collect();
     shape.clear();
     shape.extend(shards[0].shape().iter());
     let layout = Layout::replicated_like(layout, shape.len());
@@ -123,27 +163,50 @@ fn work<P: burn::tensor::TensorMetadata>(shards: &[P]) -> usize {
 /// and, on CPU backends, every shard is below [`par_min`] elements. Above it, shards run per
 /// device on worker threads: one stacked op runs on one thread, and on the 20000 -> 4096 MLP
 /// that made the data-parallel step 3.84 s against 2.20 s threaded per device (NOTES.md).
-pub(crate) fn stacks<B>(stack: bool, out: (&Layout, &[usize]), inputs: &[(&Layout, &[usize])]) -> bool {
-    stack && holds_stacked::<B>(out.0, out.1) && inputs.iter().all(|&(l, s)| holds_stacked::<B>(l, s))
+pub(crate) fn stacks<B>(
+    stack: bool,
+    out: (&Layout, &[usize]),
+    inputs: &[(&Layout, &[usize])],
+) -> bool {
+    stack
+        && holds_stacked::<B>(out.0, out.1)
+        && inputs.iter().all(|&(l, s)| holds_stacked::<B>(l, s))
 }
 
 /// Whether a tensor of global `shape` under `layout` is held stacked on inner backend `B`:
 /// [`stack::stackable`], and on CPU backends shards below [`par_min`] (see [`stacks`]).
 pub(crate) fn holds_stacked<B>(layout: &Layout, shape: &[usize]) -> bool {
-    stack::stackable(layout, shape) && (!threads_for::<B>() || stack::shard_elements(layout, shape) < par_min())
+    stack::stackable(layout, shape)
+        && (!threads_for::<B>() || stack::shard_elements(layout, shape) < par_min())
 }
 
 /// One input. `f` receives where it runs ([`At`]); `stack` says whether it is correct on a
 /// stacked primitive (dims offset by [`At::off`], shapes from [`At::shape`]).
-pub fn run1<B: Backend, K1: Kind<B>, KO: Kind<B>>(t: DTensor<K1::P>, s: &Strategy, shape: Vec<usize>, stack: bool, f: impl Fn(At, K1::P) -> KO::P + Sync) -> DTensor<KO::P> {
+pub fn run1<B: Backend, K1: Kind<B>, KO: Kind<B>>(
+    t: DTensor<K1::P>,
+    s: &Strategy,
+    shape: Vec<usize>,
+    stack: bool,
+    f: impl Fn(At, K1::P) -> KO::P + Sync,
+) -> DTensor<KO::P> {
     if stacks::<B>(stack, (&s.output, &shape), &[(&s.inputs[0], &t.shape)]) {
         let x = execute_stacked::<B, K1>(t, &s.inputs[0]);
-        return stack::output(shape, s.output.clone(), f(At::Stacked(s.output.mesh.ndim()), x));
+        return stack::output(
+            shape,
+            s.output.clone(),
+            f(At::Stacked(s.output.mesh.ndim()), x),
+        );
     }
     let t = execute::<B, K1>(t, &s.inputs[0]);
     let plan = plan_for::<B, K1>(&t.shards, &[&s.inputs[0], &s.output]);
     let w = work(&t.shards);
-    DTensor::from_parts(shape, s.output.clone(), run_each(t.shards, &plan, w, threads_for::<B>(), |i, x| f(At::Device(i), x)))
+    DTensor::from_parts(
+        shape,
+        s.output.clone(),
+        run_each(t.shards, &plan, w, threads_for::<B>(), |i, x| {
+            f(At::Device(i), x)
+        }),
+    )
 }
 
 /// Two inputs (see [`run1`]).
@@ -170,17 +233,31 @@ pub fn run2_weighted<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
     weigh: impl Fn(&[K1::P], &[K2::P]) -> usize,
     f: impl Fn(At, K1::P, K2::P) -> KO::P + Sync,
 ) -> DTensor<KO::P> {
-    if stacks::<B>(stack, (&s.output, &shape), &[(&s.inputs[0], &a.shape), (&s.inputs[1], &b.shape)]) {
+    if stacks::<B>(
+        stack,
+        (&s.output, &shape),
+        &[(&s.inputs[0], &a.shape), (&s.inputs[1], &b.shape)],
+    ) {
         let x = execute_stacked::<B, K1>(a, &s.inputs[0]);
         let y = execute_stacked::<B, K2>(b, &s.inputs[1]);
-        return stack::output(shape, s.output.clone(), f(At::Stacked(s.output.mesh.ndim()), x, y));
+        return stack::output(
+            shape,
+            s.output.clone(),
+            f(At::Stacked(s.output.mesh.ndim()), x, y),
+        );
     }
     let a = execute::<B, K1>(a, &s.inputs[0]);
     let b = execute::<B, K2>(b, &s.inputs[1]);
     let plan = plan_for::<B, K1>(&a.shards, &[&s.inputs[0], &s.inputs[1], &s.output]);
     let w = weigh(&a.shards, &b.shards);
     let inputs: Vec<_> = a.shards.into_iter().zip(b.shards).collect();
-    DTensor::from_parts(shape, s.output.clone(), run_each(inputs, &plan, w, threads_for::<B>(), |i, (x, y)| f(At::Device(i), x, y)))
+    DTensor::from_parts(
+        shape,
+        s.output.clone(),
+        run_each(inputs, &plan, w, threads_for::<B>(), |i, (x, y)| {
+            f(At::Device(i), x, y)
+        }),
+    )
 }
 
 /// Three inputs (see [`run1`]).
@@ -194,29 +271,73 @@ pub fn run3<B: Backend, K1: Kind<B>, K2: Kind<B>, K3: Kind<B>, KO: Kind<B>>(
     stack: bool,
     f: impl Fn(At, K1::P, K2::P, K3::P) -> KO::P + Sync,
 ) -> DTensor<KO::P> {
-    if stacks::<B>(stack, (&s.output, &shape), &[(&s.inputs[0], &a.shape), (&s.inputs[1], &b.shape), (&s.inputs[2], &c.shape)]) {
+    if stacks::<B>(
+        stack,
+        (&s.output, &shape),
+        &[
+            (&s.inputs[0], &a.shape),
+            (&s.inputs[1], &b.shape),
+            (&s.inputs[2], &c.shape),
+        ],
+    ) {
         let x = execute_stacked::<B, K1>(a, &s.inputs[0]);
         let y = execute_stacked::<B, K2>(b, &s.inputs[1]);
         let z = execute_stacked::<B, K3>(c, &s.inputs[2]);
-        return stack::output(shape, s.output.clone(), f(At::Stacked(s.output.mesh.ndim()), x, y, z));
+        return stack::output(
+            shape,
+            s.output.clone(),
+            f(At::Stacked(s.output.mesh.ndim()), x, y, z),
+        );
     }
     let a = execute::<B, K1>(a, &s.inputs[0]);
     let b = execute::<B, K2>(b, &s.inputs[1]);
     let c = execute::<B, K3>(c, &s.inputs[2]);
-    let plan = plan_for::<B, K1>(&a.shards, &[&s.inputs[0], &s.inputs[1], &s.inputs[2], &s.output]);
+    let plan = plan_for::<B, K1>(
+        &a.shards,
+        &[&s.inputs[0], &s.inputs[1], &s.inputs[2], &s.output],
+    );
     let w = work(&a.shards);
     let inputs: Vec<_> = a.shards.into_iter().zip(b.shards).zip(c.shards).collect();
-    DTensor::from_parts(shape, s.output.clone(), run_each(inputs, &plan, w, threads_for::<B>(), |i, ((x, y), z)| f(At::Device(i), x, y, z)))
+    DTensor::from_parts(
+        shape,
+        s.output.clone(),
+        run_each(inputs, &plan, w, threads_for::<B>(), |i, ((x, y), z)| {
+            f(At::Device(i), x, y, z)
+        }),
+    )
 }
 
 /// Any number of inputs of one kind (cat; see [`run1`]).
-pub fn run_n<B: Backend, K: Kind<B>, KO: Kind<B>>(ts: Vec<DTensor<K::P>>, s: &Strategy, shape: Vec<usize>, stack: bool, f: impl Fn(At, Vec<K::P>) -> KO::P + Sync) -> DTensor<KO::P> {
-    let operands: Vec<(&Layout, &[usize])> = s.inputs.iter().zip(&ts).map(|(l, t)| (l, &t.shape[..])).collect();
+pub fn run_n<B: Backend, K: Kind<B>, KO: Kind<B>>(
+    ts: Vec<DTensor<K::P>>,
+    s: &Strategy,
+    shape: Vec<usize>,
+    stack: bool,
+    f: impl Fn(At, Vec<K::P>) -> KO::P + Sync,
+) -> DTensor<KO::P> {
+    let operands: Vec<(&Layout, &[usize])> = s
+        .inputs
+        .iter()
+        .zip(&ts)
+        .map(|(l, t)| (l, &t.shape[..]))
+        .collect();
     if stacks::<B>(stack, (&s.output, &shape), &operands) {
-        let xs = ts.into_iter().zip(&s.inputs).map(|(t, l)| execute_stacked::<B, K>(t, l)).collect();
-        return stack::output(shape, s.output.clone(), f(At::Stacked(s.output.mesh.ndim()), xs));
+        let xs = ts
+            .into_iter()
+            .zip(&s.inputs)
+            .map(|(t, l)| execute_stacked::<B, K>(t, l))
+            .collect();
+        return stack::output(
+            shape,
+            s.output.clone(),
+            f(At::Stacked(s.output.mesh.ndim()), xs),
+        );
     }
-    let ts: Vec<DTensor<K::P>> = ts.into_iter().zip(&s.inputs).map(|(t, l)| execute::<B, K>(t, l)).collect();
+    let ts: Vec<DTensor<K::P>> = ts
+        .into_iter()
+        .zip(&s.inputs)
+        .map(|(t, l)| execute::<B, K>(t, l))
+        .collect();
     let devices: Vec<B::Device> = ts[0].shards.iter().map(K::device).collect();
     let mut ls: Vec<&Layout> = s.inputs.iter().collect();
     ls.push(&s.output);
@@ -229,16 +350,32 @@ pub fn run_n<B: Backend, K: Kind<B>, KO: Kind<B>>(ts: Vec<DTensor<K::P>>, s: &St
             per_device[i].push(p);
         }
     }
-    DTensor::from_parts(shape, s.output.clone(), run_each(per_device, &plan, w, threads_for::<B>(), |i, x| f(At::Device(i), x)))
+    DTensor::from_parts(
+        shape,
+        s.output.clone(),
+        run_each(per_device, &plan, w, threads_for::<B>(), |i, x| {
+            f(At::Device(i), x)
+        }),
+    )
 }
 
 /// Creation on a mesh: `f(device)` per distinct inner device; the result is replicated.
-pub fn create<B: Backend, K: Kind<B>>(mesh: &crate::Mesh<B::Device>, shape: Vec<usize>, f: impl Fn(&B::Device) -> K::P + Sync) -> DTensor<K::P> {
+pub fn create<B: Backend, K: Kind<B>>(
+    mesh: &crate::Mesh<B::Device>,
+    shape: Vec<usize>,
+    f: impl Fn(&B::Device) -> K::P + Sync,
+) -> DTensor<K::P> {
     let layout = Layout::replicated(mesh, shape.len());
     if let [device] = mesh.devices() {
         return DTensor::from_parts(shape, layout, vec![f(device)]);
     }
     let plan = dedupe_plan(&[&layout], mesh.devices());
-    let shards = run_each(mesh.devices().to_vec(), &plan, shape.iter().product(), threads_for::<B>(), |_, d| f(&d));
+    let shards = run_each(
+        mesh.devices().to_vec(),
+        &plan,
+        shape.iter().product(),
+        threads_for::<B>(),
+        |_, d| f(&d),
+    );
     DTensor::from_parts(shape, layout, shards)
 }

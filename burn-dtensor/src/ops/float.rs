@@ -2,7 +2,9 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{BoolTensor, Device, FloatTensor, FloatTensorOps, IntTensor};
-use burn::tensor::{BoolDType, Distribution, FloatDType, IntDType, Scalar, Shape, Slice, TensorData};
+use burn::tensor::{
+    BoolDType, Distribution, FloatDType, IntDType, Scalar, Shape, Slice, TensorData,
+};
 
 use super::common as c;
 use super::dispatch::create;
@@ -31,12 +33,25 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
     /// Drawn once for the whole tensor on the mesh's first device and copied: the same global
     /// values for the same seed, whatever the mesh and layout (unlike TF DTensor's per-shard
     /// streams).
-    fn float_random(shape: Shape, dist: Distribution, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self> {
+    fn float_random(
+        shape: Shape,
+        dist: Distribution,
+        device: &Device<Self>,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
         let devs = device.mesh.devices();
         let full = B::float_random(shape.clone(), dist, &devs[0], dtype);
-        create::<B, F>(&device.mesh, shape.to_vec(), |d| if *d == devs[0] { full.clone() } else { B::float_to_device(full.clone(), d) })
+        create::<B, F>(&device.mesh, shape.to_vec(), |d| {
+            if *d == devs[0] {
+                full.clone()
+            } else {
+                B::float_to_device(full.clone(), d)
+            }
+        })
     }
-    async fn float_into_data(t: FloatTensor<Self>) -> Result<TensorData, burn::tensor::backend::ExecutionError> {
+    async fn float_into_data(
+        t: FloatTensor<Self>,
+    ) -> Result<TensorData, burn::tensor::backend::ExecutionError> {
         Ok(c::into_data::<B, F>(t))
     }
     fn float_device(t: &FloatTensor<Self>) -> Device<Self> {
@@ -49,16 +64,29 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
         c::unary::<B, F, IntKind>(t, Linearity::None, |x| B::float_into_int(x, o))
     }
     fn float_empty(shape: Shape, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self> {
-        create::<B, F>(&device.mesh, shape.to_vec(), |d| B::float_empty(shape.clone(), d, dtype))
+        create::<B, F>(&device.mesh, shape.to_vec(), |d| {
+            B::float_empty(shape.clone(), d, dtype)
+        })
     }
     fn float_zeros(shape: Shape, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self> {
-        create::<B, F>(&device.mesh, shape.to_vec(), |d| B::float_zeros(shape.clone(), d, dtype))
+        create::<B, F>(&device.mesh, shape.to_vec(), |d| {
+            B::float_zeros(shape.clone(), d, dtype)
+        })
     }
     fn float_ones(shape: Shape, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self> {
-        create::<B, F>(&device.mesh, shape.to_vec(), |d| B::float_ones(shape.clone(), d, dtype))
+        create::<B, F>(&device.mesh, shape.to_vec(), |d| {
+            B::float_ones(shape.clone(), d, dtype)
+        })
     }
-    fn float_full(shape: Shape, v: Scalar, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self> {
-        create::<B, F>(&device.mesh, shape.to_vec(), |d| B::float_full(shape.clone(), v, d, dtype))
+    fn float_full(
+        shape: Shape,
+        v: Scalar,
+        device: &Device<Self>,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        create::<B, F>(&device.mesh, shape.to_vec(), |d| {
+            B::float_full(shape.clone(), v, d, dtype)
+        })
     }
 
     binary_ops!(FloatTensor, F, Additive: float_add, float_sub);
@@ -89,7 +117,11 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
     fn float_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
         c::matmul::<B, F, _>(lhs, rhs, B::float_matmul)
     }
-    fn float_cross(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
+    fn float_cross(
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+        dim: usize,
+    ) -> FloatTensor<Self> {
         c::binary_along::<B, F>(lhs, rhs, &[dim], |x, y| B::float_cross(x, y, dim))
     }
     fn float_swap_dims(t: FloatTensor<Self>, d1: usize, d2: usize) -> FloatTensor<Self> {
@@ -108,25 +140,47 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
     fn float_gather(dim: usize, t: FloatTensor<Self>, idx: IntTensor<Self>) -> FloatTensor<Self> {
         c::gather::<B, F, IntKind>(dim, t, idx, B::float_gather)
     }
-    fn float_scatter_add(dim: usize, t: FloatTensor<Self>, idx: IntTensor<Self>, v: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn float_scatter_add(
+        dim: usize,
+        t: FloatTensor<Self>,
+        idx: IntTensor<Self>,
+        v: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
         c::scatter::<B, F, IntKind>(dim, t, idx, v, B::float_scatter_add)
     }
     fn float_select(t: FloatTensor<Self>, dim: usize, idx: IntTensor<Self>) -> FloatTensor<Self> {
         c::select::<B, F, IntKind>(t, dim, idx, B::float_select)
     }
-    fn float_select_add(t: FloatTensor<Self>, dim: usize, idx: IntTensor<Self>, v: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn float_select_add(
+        t: FloatTensor<Self>,
+        dim: usize,
+        idx: IntTensor<Self>,
+        v: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
         c::select_assign::<B, F, IntKind>(t, dim, idx, v, B::float_select_add)
     }
     fn float_slice(t: FloatTensor<Self>, slices: &[Slice]) -> FloatTensor<Self> {
         c::slice::<B, F>(t, slices)
     }
-    fn float_slice_assign(t: FloatTensor<Self>, slices: &[Slice], v: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn float_slice_assign(
+        t: FloatTensor<Self>,
+        slices: &[Slice],
+        v: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
         c::slice_assign::<B, F>(t, slices, v, B::float_slice_assign)
     }
-    fn float_mask_where(t: FloatTensor<Self>, mask: BoolTensor<Self>, v: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn float_mask_where(
+        t: FloatTensor<Self>,
+        mask: BoolTensor<Self>,
+        v: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
         c::mask_where::<B, F, BoolKind>(t, mask, v, B::float_mask_where)
     }
-    fn float_mask_fill(t: FloatTensor<Self>, mask: BoolTensor<Self>, v: Scalar) -> FloatTensor<Self> {
+    fn float_mask_fill(
+        t: FloatTensor<Self>,
+        mask: BoolTensor<Self>,
+        v: Scalar,
+    ) -> FloatTensor<Self> {
         c::binary::<B, F, BoolKind, F>(t, mask, Linearity::None, |x, m| B::float_mask_fill(x, m, v))
     }
     fn float_sum(t: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -151,7 +205,9 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
         let s = reduce::sum_dim(&t.layout, dim);
         let n = t.shape[dim] as f64;
         if s.inputs[0].dims[dim].is_some() {
-            c::reduce_dim::<B, F>(t, s, dim, |x, d| B::float_div_scalar(B::float_sum_dim(x, d), n.into()))
+            c::reduce_dim::<B, F>(t, s, dim, |x, d| {
+                B::float_div_scalar(B::float_sum_dim(x, d), n.into())
+            })
         } else {
             c::reduce_dim::<B, F>(t, s, dim, B::float_mean_dim)
         }
@@ -172,7 +228,12 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
     fn float_expand(t: FloatTensor<Self>, shape: Shape) -> FloatTensor<Self> {
         c::expand::<B, F>(t, shape.to_vec(), B::float_expand)
     }
-    fn float_unfold(t: FloatTensor<Self>, dim: usize, size: usize, step: usize) -> FloatTensor<Self> {
+    fn float_unfold(
+        t: FloatTensor<Self>,
+        dim: usize,
+        size: usize,
+        step: usize,
+    ) -> FloatTensor<Self> {
         c::unfold::<B, F>(t, dim, size, step, |x| B::float_unfold(x, dim, size, step))
     }
     fn float_cat(ts: Vec<FloatTensor<Self>>, dim: usize) -> FloatTensor<Self> {
@@ -185,9 +246,15 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
         let shape = t.shape.clone();
         c::along::<B, F, F>(t, &[dim], shape, |x| B::float_sort(x, dim, descending))
     }
-    fn float_argsort(t: FloatTensor<Self>, dim: usize, descending: bool, o: IntDType) -> IntTensor<Self> {
+    fn float_argsort(
+        t: FloatTensor<Self>,
+        dim: usize,
+        descending: bool,
+        o: IntDType,
+    ) -> IntTensor<Self> {
         let shape = t.shape.clone();
-        c::along::<B, F, IntKind>(t, &[dim], shape, |x| B::float_argsort(x, dim, descending, o))
+        c::along::<B, F, IntKind>(t, &[dim], shape, |x| {
+            B::float_argsort(x, dim, descending, o)
+        })
     }
 }
-

@@ -2,7 +2,9 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{BoolTensor, Device, FloatTensor, IntTensor, IntTensorOps};
-use burn::tensor::{BoolDType, Distribution, FloatDType, IntDType, Scalar, Shape, Slice, TensorData};
+use burn::tensor::{
+    BoolDType, Distribution, FloatDType, IntDType, Scalar, Shape, Slice, TensorData,
+};
 
 use super::common as c;
 use super::dispatch::create;
@@ -26,15 +28,23 @@ macro_rules! arg_reduce {
 
 impl<B: Backend> IntTensorOps<Self> for DistributedBackend<B> {
     fn int_empty(shape: Shape, device: &Device<Self>, dtype: IntDType) -> IntTensor<Self> {
-        create::<B, I>(&device.mesh, shape.to_vec(), |d| B::int_empty(shape.clone(), d, dtype))
+        create::<B, I>(&device.mesh, shape.to_vec(), |d| {
+            B::int_empty(shape.clone(), d, dtype)
+        })
     }
     fn int_zeros(shape: Shape, device: &Device<Self>, dtype: IntDType) -> IntTensor<Self> {
-        create::<B, I>(&device.mesh, shape.to_vec(), |d| B::int_zeros(shape.clone(), d, dtype))
+        create::<B, I>(&device.mesh, shape.to_vec(), |d| {
+            B::int_zeros(shape.clone(), d, dtype)
+        })
     }
     fn int_ones(shape: Shape, device: &Device<Self>, dtype: IntDType) -> IntTensor<Self> {
-        create::<B, I>(&device.mesh, shape.to_vec(), |d| B::int_ones(shape.clone(), d, dtype))
+        create::<B, I>(&device.mesh, shape.to_vec(), |d| {
+            B::int_ones(shape.clone(), d, dtype)
+        })
     }
-    async fn int_into_data(t: IntTensor<Self>) -> Result<TensorData, burn::tensor::backend::ExecutionError> {
+    async fn int_into_data(
+        t: IntTensor<Self>,
+    ) -> Result<TensorData, burn::tensor::backend::ExecutionError> {
         Ok(c::into_data::<B, I>(t))
     }
     fn int_from_data(data: TensorData, device: &Device<Self>) -> IntTensor<Self> {
@@ -52,13 +62,21 @@ impl<B: Backend> IntTensorOps<Self> for DistributedBackend<B> {
     fn int_slice(t: IntTensor<Self>, slices: &[Slice]) -> IntTensor<Self> {
         c::slice::<B, I>(t, slices)
     }
-    fn int_slice_assign(t: IntTensor<Self>, slices: &[Slice], v: IntTensor<Self>) -> IntTensor<Self> {
+    fn int_slice_assign(
+        t: IntTensor<Self>,
+        slices: &[Slice],
+        v: IntTensor<Self>,
+    ) -> IntTensor<Self> {
         c::slice_assign::<B, I>(t, slices, v, B::int_slice_assign)
     }
     fn int_into_float(t: IntTensor<Self>, o: FloatDType) -> FloatTensor<Self> {
         c::unary::<B, I, FloatKind>(t, Linearity::None, |x| B::int_into_float(x, o))
     }
-    fn int_mask_where(t: IntTensor<Self>, mask: BoolTensor<Self>, v: IntTensor<Self>) -> IntTensor<Self> {
+    fn int_mask_where(
+        t: IntTensor<Self>,
+        mask: BoolTensor<Self>,
+        v: IntTensor<Self>,
+    ) -> IntTensor<Self> {
         c::mask_where::<B, I, BoolKind>(t, mask, v, B::int_mask_where)
     }
     fn int_mask_fill(t: IntTensor<Self>, mask: BoolTensor<Self>, v: Scalar) -> IntTensor<Self> {
@@ -67,13 +85,23 @@ impl<B: Backend> IntTensorOps<Self> for DistributedBackend<B> {
     fn int_gather(dim: usize, t: IntTensor<Self>, idx: IntTensor<Self>) -> IntTensor<Self> {
         c::gather::<B, I, I>(dim, t, idx, B::int_gather)
     }
-    fn int_scatter_add(dim: usize, t: IntTensor<Self>, idx: IntTensor<Self>, v: IntTensor<Self>) -> IntTensor<Self> {
+    fn int_scatter_add(
+        dim: usize,
+        t: IntTensor<Self>,
+        idx: IntTensor<Self>,
+        v: IntTensor<Self>,
+    ) -> IntTensor<Self> {
         c::scatter::<B, I, I>(dim, t, idx, v, B::int_scatter_add)
     }
     fn int_select(t: IntTensor<Self>, dim: usize, idx: IntTensor<Self>) -> IntTensor<Self> {
         c::select::<B, I, I>(t, dim, idx, B::int_select)
     }
-    fn int_select_add(t: IntTensor<Self>, dim: usize, idx: IntTensor<Self>, v: IntTensor<Self>) -> IntTensor<Self> {
+    fn int_select_add(
+        t: IntTensor<Self>,
+        dim: usize,
+        idx: IntTensor<Self>,
+        v: IntTensor<Self>,
+    ) -> IntTensor<Self> {
         c::select_assign::<B, I, I>(t, dim, idx, v, B::int_select_add)
     }
     compare_ops!(IntTensor, I: int_equal, int_greater, int_greater_equal, int_lower, int_lower_equal);
@@ -144,10 +172,21 @@ impl<B: Backend> IntTensorOps<Self> for DistributedBackend<B> {
         c::along::<B, I, I>(t, axes, shape, |x| B::int_flip(x, axes))
     }
     /// Drawn once for the whole tensor and copied (mesh-independent values).
-    fn int_random(shape: Shape, dist: Distribution, device: &Device<Self>, dtype: IntDType) -> IntTensor<Self> {
+    fn int_random(
+        shape: Shape,
+        dist: Distribution,
+        device: &Device<Self>,
+        dtype: IntDType,
+    ) -> IntTensor<Self> {
         let devs = device.mesh.devices();
         let full = B::int_random(shape.clone(), dist, &devs[0], dtype);
-        create::<B, I>(&device.mesh, shape.to_vec(), |d| if *d == devs[0] { full.clone() } else { B::int_to_device(full.clone(), d) })
+        create::<B, I>(&device.mesh, shape.to_vec(), |d| {
+            if *d == devs[0] {
+                full.clone()
+            } else {
+                B::int_to_device(full.clone(), d)
+            }
+        })
     }
     fn int_expand(t: IntTensor<Self>, shape: Shape) -> IntTensor<Self> {
         c::expand::<B, I>(t, shape.to_vec(), B::int_expand)

@@ -6,8 +6,9 @@
 use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{
-    AttentionModuleOptions, BoolTensor, ConvOptions, ConvTransposeOptions, DeformConv2dBackward, DeformConvOptions, FloatTensor, IntTensor,
-    InterpolateOptions, MaxPool2dBackward, MaxPool2dWithIndices, ModuleOps, UnfoldOptions,
+    AttentionModuleOptions, BoolTensor, ConvOptions, ConvTransposeOptions, DeformConv2dBackward,
+    DeformConvOptions, FloatTensor, IntTensor, InterpolateOptions, MaxPool2dBackward,
+    MaxPool2dWithIndices, ModuleOps, UnfoldOptions,
 };
 
 use super::dispatch::dedupe_plan;
@@ -27,9 +28,18 @@ fn prep<B: Backend, K: Kind<B>>(t: DTensor<K::P>, x: &Layout, batched: bool) -> 
 
 /// Runs `f` per shard on operands prepared by [`prep`]; the output is sharded on dim 0 like
 /// `x` (or replicated when `batched_out` is false).
-fn run_batch<B: Backend, R: TensorMetadata + Clone>(x: &FT<B>, n_shards: usize, batched_out: bool, f: impl Fn(usize) -> R) -> DTensor<R> {
+fn run_batch<B: Backend, R: TensorMetadata + Clone>(
+    x: &FT<B>,
+    n_shards: usize,
+    batched_out: bool,
+    f: impl Fn(usize) -> R,
+) -> DTensor<R> {
     let xl = prep::<B, FloatKind>(x.clone(), &x.layout, true).layout;
-    let out_l = if batched_out { (*xl).clone() } else { Layout::replicated_on(&xl.mesh, 0) };
+    let out_l = if batched_out {
+        (*xl).clone()
+    } else {
+        Layout::replicated_on(&xl.mesh, 0)
+    };
     let devices = super::common::mesh_of::<B, _>(x).devices().to_vec();
     let plan = dedupe_plan(&[&xl], &devices);
     let mut shards: Vec<R> = Vec::with_capacity(n_shards);
@@ -56,13 +66,23 @@ fn opt<B: Backend>(t: Option<FT<B>>, x: &Layout) -> Option<FT<B>> {
 macro_rules! batch_op {
     // x plus replicated weight and optional bias.
     (conv $name:ident, $opts:ty) => {
-        fn $name(x: FloatTensor<Self>, weight: FloatTensor<Self>, bias: Option<FloatTensor<Self>>, options: $opts) -> FloatTensor<Self> {
+        fn $name(
+            x: FloatTensor<Self>,
+            weight: FloatTensor<Self>,
+            bias: Option<FloatTensor<Self>>,
+            options: $opts,
+        ) -> FloatTensor<Self> {
             let xl = x.layout.clone();
             let xs = prep::<B, FloatKind>(x.clone(), &xl, true);
             let w = prep::<B, FloatKind>(weight, &xl, false);
             let b = opt::<B>(bias, &xl);
             run_batch::<B, _>(&x, xs.shards.len(), true, |i| {
-                B::$name(xs.shards[i].clone(), w.shards[i].clone(), b.as_ref().map(|b| b.shards[i].clone()), options.clone())
+                B::$name(
+                    xs.shards[i].clone(),
+                    w.shards[i].clone(),
+                    b.as_ref().map(|b| b.shards[i].clone()),
+                    options.clone(),
+                )
             })
         }
     };
@@ -74,7 +94,14 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
     batch_op!(conv conv_transpose2d, ConvTransposeOptions<2>);
     batch_op!(conv conv_transpose3d, ConvTransposeOptions<3>);
 
-    fn deform_conv2d(x: FloatTensor<Self>, offset: FloatTensor<Self>, weight: FloatTensor<Self>, mask: Option<FloatTensor<Self>>, bias: Option<FloatTensor<Self>>, options: DeformConvOptions<2>) -> FloatTensor<Self> {
+    fn deform_conv2d(
+        x: FloatTensor<Self>,
+        offset: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        mask: Option<FloatTensor<Self>>,
+        bias: Option<FloatTensor<Self>>,
+        options: DeformConvOptions<2>,
+    ) -> FloatTensor<Self> {
         let xl = x.layout.clone();
         let xs = prep::<B, FloatKind>(x.clone(), &xl, true);
         let off = prep::<B, FloatKind>(offset, &xl, true);
@@ -82,11 +109,26 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         let w = prep::<B, FloatKind>(weight, &xl, false);
         let b = opt::<B>(bias, &xl);
         run_batch::<B, _>(&x, xs.shards.len(), true, |i| {
-            B::deform_conv2d(xs.shards[i].clone(), off.shards[i].clone(), w.shards[i].clone(), m.as_ref().map(|m| m.shards[i].clone()), b.as_ref().map(|b| b.shards[i].clone()), options.clone())
+            B::deform_conv2d(
+                xs.shards[i].clone(),
+                off.shards[i].clone(),
+                w.shards[i].clone(),
+                m.as_ref().map(|m| m.shards[i].clone()),
+                b.as_ref().map(|b| b.shards[i].clone()),
+                options.clone(),
+            )
         })
     }
     /// Gather fallback (rare): everything replicated, gradients replicated.
-    fn deform_conv2d_backward(x: FloatTensor<Self>, offset: FloatTensor<Self>, weight: FloatTensor<Self>, mask: Option<FloatTensor<Self>>, bias: Option<FloatTensor<Self>>, output_grad: FloatTensor<Self>, options: DeformConvOptions<2>) -> DeformConv2dBackward<Self> {
+    fn deform_conv2d_backward(
+        x: FloatTensor<Self>,
+        offset: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        mask: Option<FloatTensor<Self>>,
+        bias: Option<FloatTensor<Self>>,
+        output_grad: FloatTensor<Self>,
+        options: DeformConvOptions<2>,
+    ) -> DeformConv2dBackward<Self> {
         let rep = |t: FT<B>| {
             let l = Layout::replicated_on(&t.layout.mesh, t.shape.len());
             execute::<B, FloatKind>(t, &l)
@@ -98,9 +140,13 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         let outs: Vec<DeformConv2dBackward<B>> = (0..n)
             .map(|i| {
                 B::deform_conv2d_backward(
-                    x.shards[i].clone(), offset.shards[i].clone(), weight.shards[i].clone(),
-                    mask.as_ref().map(|m| m.shards[i].clone()), bias.as_ref().map(|b| b.shards[i].clone()),
-                    output_grad.shards[i].clone(), options.clone(),
+                    x.shards[i].clone(),
+                    offset.shards[i].clone(),
+                    weight.shards[i].clone(),
+                    mask.as_ref().map(|m| m.shards[i].clone()),
+                    bias.as_ref().map(|b| b.shards[i].clone()),
+                    output_grad.shards[i].clone(),
+                    options.clone(),
                 )
             })
             .collect();
@@ -125,35 +171,97 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
                 bg.push(b);
             }
         }
-        DeformConv2dBackward::new(pack(xg), pack(og), pack(wg), (!mg.is_empty()).then(|| pack(mg)), (!bg.is_empty()).then(|| pack(bg)))
+        DeformConv2dBackward::new(
+            pack(xg),
+            pack(og),
+            pack(wg),
+            (!mg.is_empty()).then(|| pack(mg)),
+            (!bg.is_empty()).then(|| pack(bg)),
+        )
     }
-    fn unfold4d(x: FloatTensor<Self>, kernel_size: [usize; 2], options: UnfoldOptions) -> FloatTensor<Self> {
+    fn unfold4d(
+        x: FloatTensor<Self>,
+        kernel_size: [usize; 2],
+        options: UnfoldOptions,
+    ) -> FloatTensor<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-        run_batch::<B, _>(&x, xs.shards.len(), true, |i| B::unfold4d(xs.shards[i].clone(), kernel_size, options.clone()))
+        run_batch::<B, _>(&x, xs.shards.len(), true, |i| {
+            B::unfold4d(xs.shards[i].clone(), kernel_size, options.clone())
+        })
     }
-    fn avg_pool2d(x: FloatTensor<Self>, k: [usize; 2], s: [usize; 2], p: [usize; 2], cip: bool, ceil: bool) -> FloatTensor<Self> {
+    fn avg_pool2d(
+        x: FloatTensor<Self>,
+        k: [usize; 2],
+        s: [usize; 2],
+        p: [usize; 2],
+        cip: bool,
+        ceil: bool,
+    ) -> FloatTensor<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-        run_batch::<B, _>(&x, xs.shards.len(), true, |i| B::avg_pool2d(xs.shards[i].clone(), k, s, p, cip, ceil))
+        run_batch::<B, _>(&x, xs.shards.len(), true, |i| {
+            B::avg_pool2d(xs.shards[i].clone(), k, s, p, cip, ceil)
+        })
     }
-    fn avg_pool2d_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>, k: [usize; 2], s: [usize; 2], p: [usize; 2], cip: bool, ceil: bool) -> FloatTensor<Self> {
+    fn avg_pool2d_backward(
+        x: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        k: [usize; 2],
+        s: [usize; 2],
+        p: [usize; 2],
+        cip: bool,
+        ceil: bool,
+    ) -> FloatTensor<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
         let g = prep::<B, FloatKind>(grad, &x.layout, true);
-        run_batch::<B, _>(&x, xs.shards.len(), true, |i| B::avg_pool2d_backward(xs.shards[i].clone(), g.shards[i].clone(), k, s, p, cip, ceil))
+        run_batch::<B, _>(&x, xs.shards.len(), true, |i| {
+            B::avg_pool2d_backward(
+                xs.shards[i].clone(),
+                g.shards[i].clone(),
+                k,
+                s,
+                p,
+                cip,
+                ceil,
+            )
+        })
     }
     fn adaptive_avg_pool2d(x: FloatTensor<Self>, output_size: [usize; 2]) -> FloatTensor<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-        run_batch::<B, _>(&x, xs.shards.len(), true, |i| B::adaptive_avg_pool2d(xs.shards[i].clone(), output_size))
+        run_batch::<B, _>(&x, xs.shards.len(), true, |i| {
+            B::adaptive_avg_pool2d(xs.shards[i].clone(), output_size)
+        })
     }
-    fn adaptive_avg_pool2d_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn adaptive_avg_pool2d_backward(
+        x: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
         let g = prep::<B, FloatKind>(grad, &x.layout, true);
-        run_batch::<B, _>(&x, xs.shards.len(), true, |i| B::adaptive_avg_pool2d_backward(xs.shards[i].clone(), g.shards[i].clone()))
+        run_batch::<B, _>(&x, xs.shards.len(), true, |i| {
+            B::adaptive_avg_pool2d_backward(xs.shards[i].clone(), g.shards[i].clone())
+        })
     }
-    fn max_pool2d(x: FloatTensor<Self>, k: [usize; 2], s: [usize; 2], p: [usize; 2], d: [usize; 2], ceil: bool) -> FloatTensor<Self> {
+    fn max_pool2d(
+        x: FloatTensor<Self>,
+        k: [usize; 2],
+        s: [usize; 2],
+        p: [usize; 2],
+        d: [usize; 2],
+        ceil: bool,
+    ) -> FloatTensor<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-        run_batch::<B, _>(&x, xs.shards.len(), true, |i| B::max_pool2d(xs.shards[i].clone(), k, s, p, d, ceil))
+        run_batch::<B, _>(&x, xs.shards.len(), true, |i| {
+            B::max_pool2d(xs.shards[i].clone(), k, s, p, d, ceil)
+        })
     }
-    fn max_pool2d_with_indices(x: FloatTensor<Self>, k: [usize; 2], s: [usize; 2], p: [usize; 2], d: [usize; 2], ceil: bool) -> MaxPool2dWithIndices<Self> {
+    fn max_pool2d_with_indices(
+        x: FloatTensor<Self>,
+        k: [usize; 2],
+        s: [usize; 2],
+        p: [usize; 2],
+        d: [usize; 2],
+        ceil: bool,
+    ) -> MaxPool2dWithIndices<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
         let both = run_batch::<B, _>(&x, xs.shards.len(), true, |i| {
             let r = B::max_pool2d_with_indices(xs.shards[i].clone(), k, s, p, d, ceil);
@@ -161,28 +269,75 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         });
         let (shape, layout) = (both.shape.clone(), both.layout.clone());
         let (o, ix): (Vec<_>, Vec<_>) = both.shards.into_iter().map(|Pair(a, b)| (a, b)).unzip();
-        MaxPool2dWithIndices::new(DTensor::from_parts(shape.clone(), layout.clone(), o), DTensor::from_parts(shape, layout, ix))
+        MaxPool2dWithIndices::new(
+            DTensor::from_parts(shape.clone(), layout.clone(), o),
+            DTensor::from_parts(shape, layout, ix),
+        )
     }
-    fn max_pool2d_with_indices_backward(x: FloatTensor<Self>, k: [usize; 2], s: [usize; 2], p: [usize; 2], d: [usize; 2], ceil: bool, output_grad: FloatTensor<Self>, indices: IntTensor<Self>) -> MaxPool2dBackward<Self> {
+    fn max_pool2d_with_indices_backward(
+        x: FloatTensor<Self>,
+        k: [usize; 2],
+        s: [usize; 2],
+        p: [usize; 2],
+        d: [usize; 2],
+        ceil: bool,
+        output_grad: FloatTensor<Self>,
+        indices: IntTensor<Self>,
+    ) -> MaxPool2dBackward<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
         let g = prep::<B, FloatKind>(output_grad, &x.layout, true);
         let ix = prep::<B, IntKind>(indices, &x.layout, true);
         MaxPool2dBackward::new(run_batch::<B, _>(&x, xs.shards.len(), true, |i| {
-            B::max_pool2d_with_indices_backward(xs.shards[i].clone(), k, s, p, d, ceil, g.shards[i].clone(), ix.shards[i].clone()).x_grad
+            B::max_pool2d_with_indices_backward(
+                xs.shards[i].clone(),
+                k,
+                s,
+                p,
+                d,
+                ceil,
+                g.shards[i].clone(),
+                ix.shards[i].clone(),
+            )
+            .x_grad
         }))
     }
-    fn interpolate(x: FloatTensor<Self>, output_size: [usize; 2], options: InterpolateOptions) -> FloatTensor<Self> {
+    fn interpolate(
+        x: FloatTensor<Self>,
+        output_size: [usize; 2],
+        options: InterpolateOptions,
+    ) -> FloatTensor<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-        run_batch::<B, _>(&x, xs.shards.len(), true, |i| B::interpolate(xs.shards[i].clone(), output_size, options.clone()))
+        run_batch::<B, _>(&x, xs.shards.len(), true, |i| {
+            B::interpolate(xs.shards[i].clone(), output_size, options.clone())
+        })
     }
-    fn interpolate_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>, output_size: [usize; 2], options: InterpolateOptions) -> FloatTensor<Self> {
+    fn interpolate_backward(
+        x: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        output_size: [usize; 2],
+        options: InterpolateOptions,
+    ) -> FloatTensor<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
         let g = prep::<B, FloatKind>(grad, &x.layout, true);
-        run_batch::<B, _>(&x, xs.shards.len(), true, |i| B::interpolate_backward(xs.shards[i].clone(), g.shards[i].clone(), output_size, options.clone()))
+        run_batch::<B, _>(&x, xs.shards.len(), true, |i| {
+            B::interpolate_backward(
+                xs.shards[i].clone(),
+                g.shards[i].clone(),
+                output_size,
+                options.clone(),
+            )
+        })
     }
     /// Batch-parallel over the query's dim 0; a mask or bias whose dim 0 is the batch is sharded
     /// with it, a broadcast one (dim 0 of size 1) is replicated.
-    fn attention(query: FloatTensor<Self>, key: FloatTensor<Self>, value: FloatTensor<Self>, mask: Option<BoolTensor<Self>>, attn_bias: Option<FloatTensor<Self>>, options: AttentionModuleOptions) -> FloatTensor<Self> {
+    fn attention(
+        query: FloatTensor<Self>,
+        key: FloatTensor<Self>,
+        value: FloatTensor<Self>,
+        mask: Option<BoolTensor<Self>>,
+        attn_bias: Option<FloatTensor<Self>>,
+        options: AttentionModuleOptions,
+    ) -> FloatTensor<Self> {
         let ql = query.layout.clone();
         let n = query.shape[0];
         let q = prep::<B, FloatKind>(query.clone(), &ql, true);
@@ -197,10 +352,21 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
             prep::<B, FloatKind>(t, &ql, b)
         });
         run_batch::<B, _>(&query, q.shards.len(), true, |i| {
-            B::attention(q.shards[i].clone(), k.shards[i].clone(), v.shards[i].clone(), m.as_ref().map(|m| m.shards[i].clone()), bias.as_ref().map(|b| b.shards[i].clone()), options)
+            B::attention(
+                q.shards[i].clone(),
+                k.shards[i].clone(),
+                v.shards[i].clone(),
+                m.as_ref().map(|m| m.shards[i].clone()),
+                bias.as_ref().map(|b| b.shards[i].clone()),
+                options,
+            )
         })
     }
-    fn rfft(signal: FloatTensor<Self>, dim: usize, n: Option<usize>) -> (FloatTensor<Self>, FloatTensor<Self>) {
+    fn rfft(
+        signal: FloatTensor<Self>,
+        dim: usize,
+        n: Option<usize>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let l = crate::rules::unsharded_on(&signal.layout, &[dim]);
         let x = execute::<B, FloatKind>(signal, &l);
         let mut re = Vec::new();
@@ -212,13 +378,26 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         }
         let mut shape = x.shape.clone();
         shape[dim] = re[0].shape()[dim];
-        (DTensor::from_parts(shape.clone(), l.clone(), re), DTensor::from_parts(shape, l, im))
+        (
+            DTensor::from_parts(shape.clone(), l.clone(), re),
+            DTensor::from_parts(shape, l, im),
+        )
     }
-    fn irfft(re: FloatTensor<Self>, im: FloatTensor<Self>, dim: usize, n: Option<usize>) -> FloatTensor<Self> {
+    fn irfft(
+        re: FloatTensor<Self>,
+        im: FloatTensor<Self>,
+        dim: usize,
+        n: Option<usize>,
+    ) -> FloatTensor<Self> {
         let l = crate::rules::unsharded_on(&re.layout, &[dim]);
         let a = execute::<B, FloatKind>(re, &l);
         let b = execute::<B, FloatKind>(im, &l);
-        let out: Vec<_> = a.shards.into_iter().zip(b.shards).map(|(x, y)| B::irfft(x, y, dim, n)).collect();
+        let out: Vec<_> = a
+            .shards
+            .into_iter()
+            .zip(b.shards)
+            .map(|(x, y)| B::irfft(x, y, dim, n))
+            .collect();
         let mut shape = a.shape.clone();
         shape[dim] = out[0].shape()[dim];
         DTensor::from_parts(shape, l, out)

@@ -2,10 +2,10 @@
 //! a per-shard quantization would change the numbers). `quantize` gathers its input first;
 //! the other quantized ops are Burn's defaults (dequantize, float op, requantize).
 
+use burn::tensor::backend::QTensorPrimitive;
 use burn::tensor::backend::{Backend, BackendTypes};
 use burn::tensor::ops::{Device, FloatTensor, IntTensor, QTensorOps, QuantizedTensor};
 use burn::tensor::quantization::{QuantScheme, QuantizationParametersPrimitive};
-use burn::tensor::backend::QTensorPrimitive;
 use burn::tensor::{FloatDType, Shape, Slice, TensorData, TensorMetadata};
 
 use super::common;
@@ -25,7 +25,10 @@ impl<P: QTensorPrimitive> QTensorPrimitive for DTensor<P> {
 }
 
 /// Per-device map of a replicated quantized tensor (once per distinct inner device).
-fn qmap<B: Backend, R: TensorMetadata + Clone>(t: QTensor<B>, f: impl Fn(B::QuantizedTensorPrimitive) -> R) -> DTensor<R> {
+fn qmap<B: Backend, R: TensorMetadata + Clone>(
+    t: QTensor<B>,
+    f: impl Fn(B::QuantizedTensorPrimitive) -> R,
+) -> DTensor<R> {
     let devices: Vec<B::Device> = t.shards.iter().map(B::q_device).collect();
     let plan = dedupe_plan(&[&t.layout], &devices);
     let mut out: Vec<R> = Vec::with_capacity(devices.len());
@@ -36,7 +39,11 @@ fn qmap<B: Backend, R: TensorMetadata + Clone>(t: QTensor<B>, f: impl Fn(B::Quan
         };
         out.push(v);
     }
-    common::fix_replicated(DTensor::from_parts(vec![], Layout::replicated_on(&t.layout.mesh, 0), out))
+    common::fix_replicated(DTensor::from_parts(
+        vec![],
+        Layout::replicated_on(&t.layout.mesh, 0),
+        out,
+    ))
 }
 
 fn replicated<B: Backend>(t: DTensor<B::FloatTensorPrimitive>) -> DTensor<B::FloatTensorPrimitive> {
@@ -59,7 +66,11 @@ impl<B: Backend> QTensorOps<Self> for DistributedBackend<B> {
         }
         DTensor::from_parts(shape, l, out)
     }
-    fn quantize(t: FloatTensor<Self>, scheme: &QuantScheme, qparams: QuantizationParametersPrimitive<Self>) -> QuantizedTensor<Self> {
+    fn quantize(
+        t: FloatTensor<Self>,
+        scheme: &QuantScheme,
+        qparams: QuantizationParametersPrimitive<Self>,
+    ) -> QuantizedTensor<Self> {
         let t = replicated::<B>(t);
         let scales = replicated::<B>(qparams.scales);
         let mesh = t.layout.mesh.clone();
@@ -69,7 +80,11 @@ impl<B: Backend> QTensorOps<Self> for DistributedBackend<B> {
             .zip(scales.shards)
             .map(|(x, s)| B::quantize(x, scheme, QuantizationParametersPrimitive { scales: s }))
             .collect();
-        DTensor::from_parts(t.shape.clone(), Layout::replicated_on(&mesh, t.shape.len()), shards)
+        DTensor::from_parts(
+            t.shape.clone(),
+            Layout::replicated_on(&mesh, t.shape.len()),
+            shards,
+        )
     }
     fn dequantize(t: QuantizedTensor<Self>, dtype: FloatDType) -> FloatTensor<Self> {
         qmap::<B, _>(t, |x| B::dequantize(x, dtype))
@@ -81,13 +96,16 @@ impl<B: Backend> QTensorOps<Self> for DistributedBackend<B> {
         if t.layout.mesh.id == device.mesh.id() {
             return t;
         }
-        let data = burn::tensor::read_sync(B::q_into_data(t.shards[0].clone())).expect("reading a quantized shard");
+        let data = burn::tensor::read_sync(B::q_into_data(t.shards[0].clone()))
+            .expect("reading a quantized shard");
         Self::q_from_data(data, device)
     }
     fn q_reshape(t: QuantizedTensor<Self>, shape: Shape) -> QuantizedTensor<Self> {
         qmap::<B, _>(t, |x| B::q_reshape(x, shape.clone()))
     }
-    async fn q_into_data(t: QuantizedTensor<Self>) -> Result<TensorData, burn::tensor::backend::ExecutionError> {
+    async fn q_into_data(
+        t: QuantizedTensor<Self>,
+    ) -> Result<TensorData, burn::tensor::backend::ExecutionError> {
         B::q_into_data(t.shards[0].clone()).await
     }
     fn q_expand(t: QuantizedTensor<Self>, shape: Shape) -> QuantizedTensor<Self> {
@@ -102,14 +120,26 @@ impl<B: Backend> QTensorOps<Self> for DistributedBackend<B> {
     fn q_flip(t: QuantizedTensor<Self>, axes: &[usize]) -> QuantizedTensor<Self> {
         qmap::<B, _>(t, |x| B::q_flip(x, axes))
     }
-    fn q_select(t: QuantizedTensor<Self>, dim: usize, idx: IntTensor<Self>) -> QuantizedTensor<Self> {
+    fn q_select(
+        t: QuantizedTensor<Self>,
+        dim: usize,
+        idx: IntTensor<Self>,
+    ) -> QuantizedTensor<Self> {
         let l = Layout::replicated_on(&idx.layout.mesh, 1);
         let idx = execute::<B, IntKind>(idx, &l);
-        let shards: Vec<_> = t.shards.into_iter().zip(idx.shards).map(|(x, i)| B::q_select(x, dim, i)).collect();
-        common::fix_replicated(DTensor::from_parts(vec![], Layout::replicated_on(&l.mesh, 0), shards))
+        let shards: Vec<_> = t
+            .shards
+            .into_iter()
+            .zip(idx.shards)
+            .map(|(x, i)| B::q_select(x, dim, i))
+            .collect();
+        common::fix_replicated(DTensor::from_parts(
+            vec![],
+            Layout::replicated_on(&l.mesh, 0),
+            shards,
+        ))
     }
     fn q_slice(t: QuantizedTensor<Self>, slices: &[Slice]) -> QuantizedTensor<Self> {
         qmap::<B, _>(t, |x| B::q_slice(x, slices))
     }
 }
-

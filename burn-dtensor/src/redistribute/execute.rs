@@ -21,14 +21,23 @@ use crate::tensor::{DTensor, Kind};
 ///
 /// The result keeps the input's form (per device or stacked, see [`crate::stack`]), except that
 /// a stacked tensor goes per device when `to` cannot be held stacked (an uneven split).
-pub fn redistribute<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout) -> Result<DTensor<K::P>> {
+pub fn redistribute<B: Backend, K: Kind<B>>(
+    t: DTensor<K::P>,
+    to: &Layout,
+) -> Result<DTensor<K::P>> {
     if *t.layout == *to {
         return Ok(t);
     }
     let steps = plan(&t.layout, to)?;
-    let t = if t.stacked && !stack::stackable(to, &t.shape) { stack::to_per_device::<B, K>(t) } else { t };
+    let t = if t.stacked && !stack::stackable(to, &t.shape) {
+        stack::to_per_device::<B, K>(t)
+    } else {
+        t
+    };
     let reduces_all = t.layout.is_partial()
-        && steps.iter().all(|s| !matches!(s, Step::ReduceScatter { .. }))
+        && steps
+            .iter()
+            .all(|s| !matches!(s, Step::ReduceScatter { .. }))
         && !to.is_partial();
     if reduces_all {
         let settled = t.layout.without_partial();
@@ -48,7 +57,9 @@ pub fn redistribute<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout) -> Re
 /// # Panics
 /// On a mesh or rank mismatch (an internal bug: sharding rules only produce valid layouts).
 pub fn execute<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout) -> DTensor<K::P> {
-    stack::to_per_device::<B, K>(redistribute::<B, K>(t, to).unwrap_or_else(|e| panic!("burn-dtensor: {e}")))
+    stack::to_per_device::<B, K>(
+        redistribute::<B, K>(t, to).unwrap_or_else(|e| panic!("burn-dtensor: {e}")),
+    )
 }
 
 /// As [`execute`], with the result as the stacked primitive; `to` must be
@@ -56,9 +67,17 @@ pub fn execute<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout) -> DTensor
 /// is stacked first and relaid out on the stack; one whose layout is not is relaid out per device,
 /// then stacked.
 pub fn execute_stacked<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout) -> K::P {
-    let t = if !t.stacked && stack::stackable(&t.layout, &t.shape) { stack::to_stacked::<B, K>(t) } else { t };
+    let t = if !t.stacked && stack::stackable(&t.layout, &t.shape) {
+        stack::to_stacked::<B, K>(t)
+    } else {
+        t
+    };
     let r = redistribute::<B, K>(t, to).unwrap_or_else(|e| panic!("burn-dtensor: {e}"));
-    stack::to_stacked::<B, K>(r).materialized().shards.pop().expect("a stacked primitive")
+    stack::to_stacked::<B, K>(r)
+        .materialized()
+        .shards
+        .pop()
+        .expect("a stacked primitive")
 }
 
 fn run<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout, steps: &[Step]) -> DTensor<K::P> {
@@ -80,15 +99,30 @@ fn run<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout, steps: &[Step]) ->
     if t.stacked {
         return run_stacked::<B, K>(t, to, steps);
     }
-    let DTensor { shape, layout, mut shards, .. } = t;
+    let DTensor {
+        shape,
+        layout,
+        mut shards,
+        ..
+    } = t;
     let topo = layout.mesh.clone();
     for step in steps {
         match *step {
-            Step::AllReduce { axis, op } => collective::all_reduce::<B, K>(&mut shards, &topo, axis, op, &shape),
-            Step::ReduceScatter { axis, op, dim } => collective::reduce_scatter::<B, K>(&mut shards, &topo, axis, op, dim, &shape),
-            Step::AllGather { axis, dim } => collective::all_gather::<B, K>(&mut shards, &topo, axis, dim, &shape),
-            Step::AllToAll { axis, from, to } => collective::all_to_all::<B, K>(&mut shards, &topo, axis, from, to, &shape),
-            Step::LocalChunk { axis, dim } => collective::local_chunk::<B, K>(&mut shards, &topo, axis, dim),
+            Step::AllReduce { axis, op } => {
+                collective::all_reduce::<B, K>(&mut shards, &topo, axis, op, &shape)
+            }
+            Step::ReduceScatter { axis, op, dim } => {
+                collective::reduce_scatter::<B, K>(&mut shards, &topo, axis, op, dim, &shape)
+            }
+            Step::AllGather { axis, dim } => {
+                collective::all_gather::<B, K>(&mut shards, &topo, axis, dim, &shape)
+            }
+            Step::AllToAll { axis, from, to } => {
+                collective::all_to_all::<B, K>(&mut shards, &topo, axis, from, to, &shape)
+            }
+            Step::LocalChunk { axis, dim } => {
+                collective::local_chunk::<B, K>(&mut shards, &topo, axis, dim)
+            }
             Step::MakePartial { axis, op } => {
                 if op == ReduceOp::Sum {
                     for (i, s) in shards.iter_mut().enumerate() {
@@ -103,17 +137,30 @@ fn run<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout, steps: &[Step]) ->
     DTensor::from_parts(shape, to.clone(), shards)
 }
 
-fn run_stacked<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout, steps: &[Step]) -> DTensor<K::P> {
+fn run_stacked<B: Backend, K: Kind<B>>(
+    t: DTensor<K::P>,
+    to: &Layout,
+    steps: &[Step],
+) -> DTensor<K::P> {
     use collective::stacked as c;
-    let DTensor { shape, layout, mut shards, .. } = t;
+    let DTensor {
+        shape,
+        layout,
+        mut shards,
+        ..
+    } = t;
     let topo = layout.mesh.clone();
     let mut x = shards.pop().expect("a stacked primitive");
     for step in steps {
         x = match *step {
             Step::AllReduce { axis, op } => c::all_reduce::<B, K>(x, &topo, axis, op, &shape),
-            Step::ReduceScatter { axis, op, dim } => c::reduce_scatter::<B, K>(x, &topo, axis, op, dim, &shape),
+            Step::ReduceScatter { axis, op, dim } => {
+                c::reduce_scatter::<B, K>(x, &topo, axis, op, dim, &shape)
+            }
             Step::AllGather { axis, dim } => c::all_gather::<B, K>(x, &topo, axis, dim, &shape),
-            Step::AllToAll { axis, from, to } => c::all_to_all::<B, K>(x, &topo, axis, from, to, &shape),
+            Step::AllToAll { axis, from, to } => {
+                c::all_to_all::<B, K>(x, &topo, axis, from, to, &shape)
+            }
             Step::LocalChunk { axis, dim } => c::local_chunk::<B, K>(x, &topo, axis, dim),
             Step::MakePartial { axis, op } => c::make_partial::<B, K>(x, &topo, axis, op),
         };

@@ -71,7 +71,10 @@ fn cache() -> &'static Cache {
 /// [`DTensorError::RankMismatch`] for different ranks.
 pub fn plan(from: &Layout, to: &Layout) -> Result<Arc<Vec<Step>>> {
     if from.mesh.id != to.mesh.id {
-        return Err(DTensorError::MeshMismatch { from: from.mesh.to_string(), to: to.mesh.to_string() });
+        return Err(DTensorError::MeshMismatch {
+            from: from.mesh.to_string(),
+            to: to.mesh.to_string(),
+        });
     }
     to.check_rank(from.rank())?;
     let key = (from.clone(), to.clone());
@@ -96,7 +99,11 @@ fn plan_uncached(from: &Layout, to: &Layout) -> Vec<Step> {
         cur.partial[a] = None;
         match to.axis_dim(a) {
             Some(j) if cur.dims[j].is_none() => {
-                steps.push(Step::ReduceScatter { axis: a, op, dim: j });
+                steps.push(Step::ReduceScatter {
+                    axis: a,
+                    op,
+                    dim: j,
+                });
                 cur.dims[j] = Some(a);
             }
             _ => steps.push(Step::AllReduce { axis: a, op }),
@@ -114,7 +121,11 @@ fn plan_uncached(from: &Layout, to: &Layout) -> Vec<Step> {
         cur.dims[i] = None;
         match to.axis_dim(a) {
             Some(j) if cur.dims[j].is_none() && cur.partial[a].is_none() => {
-                steps.push(Step::AllToAll { axis: a, from: i, to: j });
+                steps.push(Step::AllToAll {
+                    axis: a,
+                    from: i,
+                    to: j,
+                });
                 cur.dims[j] = Some(a);
             }
             _ => steps.push(Step::AllGather { axis: a, dim: i }),

@@ -9,7 +9,10 @@ use crate::layout::Layout;
 pub fn replicate(inputs: &[&Layout], out_rank: usize) -> Strategy {
     let mesh = inputs[0].mesh.clone();
     Strategy {
-        inputs: inputs.iter().map(|l| Layout::replicated_on(&mesh, l.rank())).collect(),
+        inputs: inputs
+            .iter()
+            .map(|l| Layout::replicated_on(&mesh, l.rank()))
+            .collect(),
         output: Layout::replicated_on(&mesh, out_rank),
     }
 }

@@ -20,14 +20,22 @@ pub fn slice(l: &Layout, shape: &[usize], slices: &[Slice]) -> Strategy {
             input.dims[d] = None;
         }
     }
-    Strategy { inputs: vec![input.clone()], output: input }
+    Strategy {
+        inputs: vec![input.clone()],
+        output: input,
+    }
 }
 
 /// `slice_assign(t, slices, value)`: sliced dims whole in both; other dims aligned.
 pub fn slice_assign(l: &Layout, shape: &[usize], slices: &[Slice]) -> Strategy {
-    let sliced: Vec<usize> = (0..shape.len()).filter(|&d| slices.get(d).is_some_and(|s| !is_full(s, shape[d]))).collect();
+    let sliced: Vec<usize> = (0..shape.len())
+        .filter(|&d| slices.get(d).is_some_and(|s| !is_full(s, shape[d])))
+        .collect();
     let t = unsharded_on(l, &sliced);
-    Strategy { inputs: vec![t.clone(), t.clone()], output: t }
+    Strategy {
+        inputs: vec![t.clone(), t.clone()],
+        output: t,
+    }
 }
 
 /// Ops along `dim` whose operands all share one shape off `dim` (gather, scatter, cat): every
@@ -49,7 +57,10 @@ pub fn along_dim_aligned(ls: &[&Layout], dim: usize) -> Strategy {
             }
         }
     }
-    Strategy { inputs: vec![t.clone(); ls.len()], output: t }
+    Strategy {
+        inputs: vec![t.clone(); ls.len()],
+        output: t,
+    }
 }
 
 /// `cat` along `dim`: [`along_dim_aligned`] over the inputs.

@@ -18,12 +18,22 @@ pub fn matmul(lhs: &Layout, ls: &[usize], rhs: &Layout, rs: &[usize]) -> Strateg
     let batch_shape: Vec<usize> = (0..r - 2).map(|d| ls[d].max(rs[d])).collect();
     let strip = |l: &Layout| l.without_partial().delete(&[r - 2, r - 1]);
     let (lb, rb) = (strip(lhs), strip(rhs));
-    let batch = nary(&[(&lb, &ls[..r - 2]), (&rb, &rs[..r - 2])], &batch_shape, Linearity::None).output;
-    let used = |a: usize, extra: &[Option<usize>]| batch.axis_dim(a).is_some() || extra.contains(&Some(a));
+    let batch = nary(
+        &[(&lb, &ls[..r - 2]), (&rb, &rs[..r - 2])],
+        &batch_shape,
+        Linearity::None,
+    )
+    .output;
+    let used =
+        |a: usize, extra: &[Option<usize>]| batch.axis_dim(a).is_some() || extra.contains(&Some(a));
     // Contracting dim: prefer the larger operand's sharding.
     let lsize: usize = ls.iter().product();
     let rsize: usize = rs.iter().product();
-    let cands = if lsize >= rsize { [lhs.dims[k], rhs.dims[r - 2]] } else { [rhs.dims[r - 2], lhs.dims[k]] };
+    let cands = if lsize >= rsize {
+        [lhs.dims[k], rhs.dims[r - 2]]
+    } else {
+        [rhs.dims[r - 2], lhs.dims[k]]
+    };
     let ak = cands.into_iter().flatten().find(|&a| !used(a, &[]));
     let am = lhs.dims[m].filter(|&a| !used(a, &[ak]));
     let an = rhs.dims[n].filter(|&a| !used(a, &[ak, am]));
@@ -44,5 +54,8 @@ pub fn matmul(lhs: &Layout, ls: &[usize], rhs: &Layout, rs: &[usize]) -> Strateg
     if let Some(a) = ak {
         out = out.with_partial(a, ReduceOp::Sum);
     }
-    Strategy { inputs: vec![lin, rin], output: out }
+    Strategy {
+        inputs: vec![lin, rin],
+        output: out,
+    }
 }

@@ -50,5 +50,8 @@ pub fn unsharded_on(l: &Layout, dims: &[usize]) -> Layout {
 /// The per-shard op is valid on `unsharded_on(l, dims)` and keeps the layout.
 pub fn along_dims(l: &Layout, dims: &[usize]) -> Strategy {
     let r = unsharded_on(l, dims);
-    Strategy { inputs: vec![r.clone()], output: r }
+    Strategy {
+        inputs: vec![r.clone()],
+        output: r,
+    }
 }

@@ -17,5 +17,12 @@ pub fn batch_parallel(x: &Layout, batched: &[bool], ranks: &[usize], out_rank: u
         }
         l
     };
-    Strategy { inputs: batched.iter().zip(ranks).map(|(&b, &r)| lay(r, b)).collect(), output: lay(out_rank, true) }
+    Strategy {
+        inputs: batched
+            .iter()
+            .zip(ranks)
+            .map(|(&b, &r)| lay(r, b))
+            .collect(),
+        output: lay(out_rank, true),
+    }
 }

@@ -27,7 +27,10 @@ pub enum Linearity {
 /// Unary op: same layout, pending reductions settled first.
 pub fn unary(l: &Layout, _lin: Linearity) -> Strategy {
     let r = l.without_partial();
-    Strategy { inputs: vec![r.clone()], output: r }
+    Strategy {
+        inputs: vec![r.clone()],
+        output: r,
+    }
 }
 
 /// N-ary element-wise op over same-rank inputs broadcast to `out_shape`.
@@ -57,14 +60,19 @@ pub fn nary(inputs: &[(&Layout, &[usize])], out_shape: &[usize], lin: Linearity)
     if any_partial {
         let only_sum = |p: &Partials| p.iter().all(|x| x.is_none_or(|o| o == ReduceOp::Sum));
         match lin {
-            Linearity::Additive if partial_sets.iter().all(|p| *p == partial_sets[0]) && only_sum(partial_sets[0]) => {
+            Linearity::Additive
+                if partial_sets.iter().all(|p| *p == partial_sets[0])
+                    && only_sum(partial_sets[0]) =>
+            {
                 keep = Some((partial_sets[0].clone(), vec![true; inputs.len()]));
             }
             _ => {}
         }
         // An axis cannot be both pending and sharding a dim of the output.
         if let Some((p, _)) = &keep
-            && p.iter().enumerate().any(|(a, x)| x.is_some() && out.axis_dim(a).is_some())
+            && p.iter()
+                .enumerate()
+                .any(|(a, x)| x.is_some() && out.axis_dim(a).is_some())
         {
             keep = None;
         }
@@ -88,11 +96,16 @@ pub fn nary(inputs: &[(&Layout, &[usize])], out_shape: &[usize], lin: Linearity)
     if let Some((p, _)) = keep {
         out.partial = p;
     }
-    Strategy { inputs: ins, output: out }
+    Strategy {
+        inputs: ins,
+        output: out,
+    }
 }
 
 /// Broadcast output shape of same-rank shapes (NumPy rules).
 pub fn broadcast_shape(shapes: &[&[usize]]) -> Vec<usize> {
     let rank = shapes[0].len();
-    (0..rank).map(|d| shapes.iter().map(|s| s[d]).max().unwrap_or(1)).collect()
+    (0..rank)
+        .map(|d| shapes.iter().map(|s| s[d]).max().unwrap_or(1))
+        .collect()
 }

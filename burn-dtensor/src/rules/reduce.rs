@@ -35,21 +35,32 @@ fn reduce_dim(l: &Layout, dim: usize, op: ReduceOp) -> Strategy {
         out.dims[dim] = None;
         out.partial[a] = Some(op);
     }
-    Strategy { inputs: vec![input], output: out }
+    Strategy {
+        inputs: vec![input],
+        output: out,
+    }
 }
 
 /// Reduction of all elements to shape `[1]`: every sharding axis becomes pending.
 pub fn reduce_all(l: &Layout, shape: &[usize], op: ReduceOp) -> Strategy {
     if op != ReduceOp::Sum && shard::has_empty_shard(l, shape) {
-        let r = l.without_partial().delete(&(0..l.rank()).collect::<Vec<_>>());
+        let r = l
+            .without_partial()
+            .delete(&(0..l.rank()).collect::<Vec<_>>());
         let all = super::unsharded_on(l, &(0..l.rank()).collect::<Vec<_>>());
         let mut out = r;
         out.dims = smallvec::smallvec![None];
-        return Strategy { inputs: vec![all], output: out };
+        return Strategy {
+            inputs: vec![all],
+            output: out,
+        };
     }
     let mut s = (0..l.rank()).fold(reduce_dim(l, 0, op), |acc, d| {
         let next = reduce_dim(&acc.output, d, op);
-        Strategy { inputs: acc.inputs, output: next.output }
+        Strategy {
+            inputs: acc.inputs,
+            output: next.output,
+        }
     });
     s.output.dims = smallvec::smallvec![None];
     s

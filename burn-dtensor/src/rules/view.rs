@@ -9,11 +9,17 @@ use crate::layout::Layout;
 pub fn permute(l: &Layout, axes: &[usize]) -> Strategy {
     let mut out = l.clone();
     out.dims = axes.iter().map(|&a| l.dims[a]).collect();
-    Strategy { inputs: vec![l.clone()], output: out }
+    Strategy {
+        inputs: vec![l.clone()],
+        output: out,
+    }
 }
 
 /// Groups of old and new dims with equal products (the classic view algorithm).
-fn groups(old: &[usize], new: &[usize]) -> Option<Vec<(std::ops::Range<usize>, std::ops::Range<usize>)>> {
+fn groups(
+    old: &[usize],
+    new: &[usize],
+) -> Option<Vec<(std::ops::Range<usize>, std::ops::Range<usize>)>> {
     let (mut i, mut j) = (0, 0);
     let mut out = Vec::new();
     while i < old.len() || j < new.len() {
@@ -61,7 +67,10 @@ pub fn reshape(l: &Layout, old: &[usize], new: &[usize]) -> Strategy {
     out.partial = l.partial.clone();
     let Some(gs) = groups(old, new) else {
         input.dims.iter_mut().for_each(|d| *d = None);
-        return Strategy { inputs: vec![input], output: out };
+        return Strategy {
+            inputs: vec![input],
+            output: out,
+        };
     };
     for (go, gn) in gs {
         let lead_old = go.clone().find(|&d| old[d] != 1);
@@ -70,7 +79,9 @@ pub fn reshape(l: &Layout, old: &[usize], new: &[usize]) -> Strategy {
             let Some(a) = l.dims[d] else { continue };
             let k = l.mesh.axis_size(a);
             let ok = match (lead_old, lead_new) {
-                (Some(lo), Some(ln)) if lo == d => old[lo] == new[ln] || (old[lo].is_multiple_of(k) && new[ln].is_multiple_of(k)),
+                (Some(lo), Some(ln)) if lo == d => {
+                    old[lo] == new[ln] || (old[lo].is_multiple_of(k) && new[ln].is_multiple_of(k))
+                }
                 _ => false,
             };
             if ok {
@@ -80,7 +91,10 @@ pub fn reshape(l: &Layout, old: &[usize], new: &[usize]) -> Strategy {
             }
         }
     }
-    Strategy { inputs: vec![input], output: out }
+    Strategy {
+        inputs: vec![input],
+        output: out,
+    }
 }
 
 /// `expand(old -> new)` (new rank >= old rank, trailing alignment). A pending reduction is
@@ -91,7 +105,11 @@ pub fn reshape(l: &Layout, old: &[usize], new: &[usize]) -> Strategy {
 pub fn expand(l: &Layout, old: &[usize], new: &[usize]) -> Strategy {
     let off = new.len() - old.len();
     let broadcasts = new.iter().product::<usize>() > old.iter().product::<usize>();
-    let mut input = if broadcasts { l.without_partial() } else { l.clone() };
+    let mut input = if broadcasts {
+        l.without_partial()
+    } else {
+        l.clone()
+    };
     let mut out = Layout::replicated_on(&l.mesh, new.len());
     out.partial = input.partial.clone();
     for d in 0..old.len() {
@@ -101,7 +119,10 @@ pub fn expand(l: &Layout, old: &[usize], new: &[usize]) -> Strategy {
             input.dims[d] = None;
         }
     }
-    Strategy { inputs: vec![input], output: out }
+    Strategy {
+        inputs: vec![input],
+        output: out,
+    }
 }
 
 #[cfg(test)]
@@ -109,9 +130,18 @@ mod tests {
     use super::groups;
     #[test]
     fn reshape_groups() {
-        assert_eq!(groups(&[4, 6], &[4, 2, 3]).unwrap(), vec![(0..1, 0..1), (1..2, 1..3)]);
-        assert_eq!(groups(&[2, 3, 4], &[6, 4]).unwrap(), vec![(0..2, 0..1), (2..3, 1..2)]);
-        assert_eq!(groups(&[5, 3], &[5, 3, 1]).unwrap(), vec![(0..1, 0..1), (1..2, 1..3)]);
+        assert_eq!(
+            groups(&[4, 6], &[4, 2, 3]).unwrap(),
+            vec![(0..1, 0..1), (1..2, 1..3)]
+        );
+        assert_eq!(
+            groups(&[2, 3, 4], &[6, 4]).unwrap(),
+            vec![(0..2, 0..1), (2..3, 1..2)]
+        );
+        assert_eq!(
+            groups(&[5, 3], &[5, 3, 1]).unwrap(),
+            vec![(0..1, 0..1), (1..2, 1..3)]
+        );
         assert_eq!(groups(&[1, 5], &[5]).unwrap(), vec![(0..2, 0..1)]);
     }
 }

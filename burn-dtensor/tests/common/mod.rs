@@ -10,10 +10,20 @@ use burn::tensor::backend::Backend;
 /// `BURN_DTENSOR_REQUIRE_DEVICE` is set (CI sets it, so a lost device fails the run).
 pub fn available<I: Backend>(device: &I::Device) -> bool {
     let d = device.clone();
-    let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || Tensor::<I, 1>::zeros([1], &d).into_data())).is_ok();
+    let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        Tensor::<I, 1>::zeros([1], &d).into_data()
+    }))
+    .is_ok();
     if !ok {
-        assert!(std::env::var_os("BURN_DTENSOR_REQUIRE_DEVICE").is_none(), "no device for {}", std::any::type_name::<I>());
-        println!("skipped: no device for {} (for wgpu, install mesa-vulkan-drivers)", std::any::type_name::<I>());
+        assert!(
+            std::env::var_os("BURN_DTENSOR_REQUIRE_DEVICE").is_none(),
+            "no device for {}",
+            std::any::type_name::<I>()
+        );
+        println!(
+            "skipped: no device for {} (for wgpu, install mesa-vulkan-drivers)",
+            std::any::type_name::<I>()
+        );
     }
     ok
 }
@@ -21,7 +31,8 @@ pub fn available<I: Backend>(device: &I::Device) -> bool {
 /// Wgpu without Burn's fusion, whatever the features (with `fusion`, `burn::backend::Wgpu` is
 /// `Fusion<CubeBackend<..>>`).
 #[cfg(feature = "wgpu")]
-pub type WgpuPlain = burn::backend::wgpu::CubeBackend<burn::backend::wgpu::WgpuRuntime, f32, i32, u32>;
+pub type WgpuPlain =
+    burn::backend::wgpu::CubeBackend<burn::backend::wgpu::WgpuRuntime, f32, i32, u32>;
 /// Cuda without Burn's fusion, whatever the features.
 #[cfg(feature = "cuda")]
 pub type CudaPlain = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
