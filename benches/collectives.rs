@@ -15,7 +15,7 @@
 use burn::backend::NdArray;
 use burn::tensor::TensorData;
 use burn::tensor::backend::Backend;
-use burn_dtensor::{DistributedBackend, Layout, Mesh, ReduceOp, distribute, relayout};
+use burn_dtensor::{DTensorExt, DistributedBackend, Layout, Mesh, ReduceOp, distribute};
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 
 /// mimalloc rather than glibc's malloc: glibc returns the buffers freed at the end of a step to
@@ -53,13 +53,16 @@ fn bench_path<I: Backend>(c: &mut Criterion, path: &str, device: I::Device) {
             group.bench_function(format!("{name}/{n}x{n}"), |b| {
                 b.iter_batched(
                     || {
-                        let t = distribute::<DistributedBackend<I>, 2>(data.clone(), &mesh, from)
-                            .unwrap();
+                        let t = distribute::<DistributedBackend<I>, 2, burn::tensor::Float>(
+                            data.clone(),
+                            from,
+                        )
+                        .unwrap();
                         I::sync(&device).unwrap();
                         t
                     },
                     |t| {
-                        let out = relayout(t, to).unwrap();
+                        let out = t.relayout(to).unwrap();
                         I::sync(&device).unwrap();
                         out
                     },
@@ -75,7 +78,7 @@ fn collectives(c: &mut Criterion) {
     bench_path::<NdArray>(c, "ndarray", Default::default());
     #[cfg(feature = "wgpu")]
     {
-        use burn_dtensor::collective::cube::set_kernels_enabled;
+        use burn_dtensor::cube_kernels::set_kernels_enabled;
         let device = burn::backend::wgpu::WgpuDevice::Cpu;
         let d = device.clone();
         let found = std::panic::catch_unwind(move || {
@@ -91,7 +94,7 @@ fn collectives(c: &mut Criterion) {
     }
     #[cfg(feature = "cuda")]
     {
-        use burn_dtensor::collective::cube::set_kernels_enabled;
+        use burn_dtensor::cube_kernels::set_kernels_enabled;
         bench_path::<burn::backend::Cuda>(c, "cuda-kernel", Default::default());
         set_kernels_enabled(false);
         bench_path::<burn::backend::Cuda>(c, "cuda-generic", Default::default());

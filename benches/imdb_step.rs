@@ -14,7 +14,7 @@ use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::optim::SgdConfig;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use burn_dtensor::LayoutMap;
+use burn_dtensor::{DTensorExt, LayoutMap};
 use criterion::{Criterion, criterion_group, criterion_main};
 use dtensor_imdb::model::{ImdbMlp, LossReduction};
 use dtensor_imdb::train::{Distributed, Mode, Placement, Single, step};
@@ -140,13 +140,10 @@ struct Bytes(Vec<usize>);
 impl<B: burn_dtensor::DistributedOps> ModuleVisitor<B> for Bytes {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let t = param.val();
-        let l = burn_dtensor::layout(&t);
+        let l = t.layout();
         let shape = t.dims();
         for (i, b) in self.0.iter_mut().enumerate() {
-            *b += burn_dtensor::shard::local_shape(&l, &shape, i)
-                .iter()
-                .product::<usize>()
-                * 4;
+            *b += l.shard_shape(&shape, i).iter().product::<usize>() * 4;
         }
     }
 }

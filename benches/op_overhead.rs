@@ -70,8 +70,8 @@ fn overhead(c: &mut Criterion) {
     ] {
         let mesh = Mesh::new([("x", n)], vec![dev; n]).unwrap();
         let l = Layout::new(&mesh, spec).unwrap();
-        let a: Tensor<D, 2> = distribute(data(), &mesh, &l).unwrap();
-        let b: Tensor<D, 2> = distribute(data(), &mesh, &l).unwrap();
+        let a: Tensor<D, 2> = distribute(data(), &l).unwrap();
+        let b: Tensor<D, 2> = distribute(data(), &l).unwrap();
         ops::<D>(c, name, a.clone(), b.clone());
         backward::<Autodiff<D>>(c, name, Tensor::from_inner(a), Tensor::from_inner(b));
     }

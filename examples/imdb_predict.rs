@@ -7,10 +7,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use burn::backend::NdArray;
-use burn::tensor::activation::softmax;
-use burn::tensor::{Tensor, TensorData};
 use clap::Parser;
-use dtensor_imdb::train::load_exported;
+use dtensor_imdb::train::{classify, load_exported};
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -32,14 +30,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let m = vectorizer.transform(&args.texts);
-    let x = Tensor::<NdArray, 2>::from_data(TensorData::new(m.values, [m.rows, m.cols]), &device);
-    let p = softmax(model.forward(x), 1)
-        .into_data()
-        .to_vec::<f32>()
-        .unwrap();
+    let p = match classify(&model, &vectorizer, &args.texts, &device) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     for (i, t) in args.texts.iter().enumerate() {
-        let pos = p[i * 2 + 1];
+        let pos = p[i];
         println!(
             "{} ({:.3})  {}",
             if pos >= 0.5 { "positive" } else { "negative" },

@@ -80,6 +80,13 @@ pub struct Args {
     /// Skip the test-set evaluation.
     #[arg(long)]
     pub no_eval: bool,
+    /// Draw the loss and accuracy curves of the run into this SVG file.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Print every parameter's layout and the input batch's as device-block tables (coloured on
+    /// a terminal), then train.
+    #[arg(long)]
+    pub show_layouts: bool,
 }
 
 /// Inner backend of the example.
@@ -165,6 +172,10 @@ fn run<P: Placement>(
         std::fs::write(path, serde_json::to_string_pretty(&summary).unwrap())
             .map_err(|e| AppError::Config(format!("cannot write {}: {e}", path.display())))?;
     }
+    if let Some(path) = &args.plot {
+        crate::plot::plot_runs(std::slice::from_ref(&summary), path)?;
+        println!("curves drawn to {}", path.display());
+    }
     if let Some(path) = &args.export {
         train::export(model.valid(), &data.vectorizer, path)?;
         println!("exported to {} (+ .vectorizer.json)", path.display());
@@ -207,7 +218,54 @@ fn with_backend<I: Backend>(
         args.devices,
         I::name(&Default::default())
     );
+    if args.show_layouts {
+        print!("{}", show_layouts(&p, cfg.batch_size)?);
+    }
     run(&p, args, cfg, data)
+}
+
+/// Every parameter's layout under `p`'s layout map and the input batch's (`[batch_size, 1200]`),
+/// as [`burn_dtensor::visualize_sharding`] tables, coloured when stdout is a terminal.
+///
+/// # Errors
+/// Layout-map errors.
+pub fn show_layouts<I: Backend>(p: &Distributed<I>, batch_size: usize) -> Result<String, AppError> {
+    use burn::module::{Module, ModuleVisitor, Param};
+    use burn::tensor::Tensor;
+    use burn_dtensor::DTensorExt;
+    use std::io::IsTerminal;
+    type AD<I> = burn::backend::Autodiff<burn_dtensor::DistributedBackend<I>>;
+    struct Tables {
+        path: Vec<String>,
+        color: bool,
+        out: String,
+    }
+    impl<I: Backend> ModuleVisitor<AD<I>> for Tables {
+        fn enter_module(&mut self, name: &str, _container: &str) {
+            self.path.push(name.to_string());
+        }
+        fn exit_module(&mut self, _name: &str, _container: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AD<I>, D>>) {
+            let table = param.val().sharding_table(self.color);
+            self.out += &format!("{}: {table}\n", self.path.join("."));
+        }
+    }
+    let color = std::io::stdout().is_terminal();
+    let model = p.prepare_model(crate::model::ImdbMlp::new(&p.device()))?;
+    let mut v = Tables {
+        path: Vec::new(),
+        color,
+        out: String::new(),
+    };
+    model.visit(&mut v);
+    let input = burn_dtensor::visualize_sharding(
+        &p.input_layout,
+        &[batch_size, crate::model::INPUT_DIM],
+        color,
+    )?;
+    Ok(format!("{}input batch: {input}\n", v.out))
 }
 
 /// Runs the example with parsed flags.
@@ -233,7 +291,29 @@ pub fn run_args(args: Args) -> Result<(), AppError> {
         checkpoint_dir: args.checkpoint_dir.clone(),
         resume: args.resume.clone(),
     };
-    // Validate layout inputs before the (slow) data preparation.
+    // Validate every input before the (slow) data preparation.
+    train::check_lr(cfg.lr)?;
+    if let Some(p) = &args.summary_json {
+        train::check_output_file("--summary-json", p)?;
+    }
+    if let Some(p) = &args.export {
+        let mut mpk = p.as_os_str().to_owned();
+        mpk.push(".mpk");
+        train::check_output_file("--export", std::path::Path::new(&mpk))?;
+        train::check_output_file("--export", &train::vectorizer_path(p))?;
+    }
+    if let Some(p) = &args.plot {
+        crate::plot::check_plot_path(p)?;
+        train::check_output_file("--plot", p)?;
+    }
+    if let Some(d) = &args.checkpoint_dir {
+        crate::checkpoint::check_writable(d)?;
+    }
+    if let Some(d) = &args.resume {
+        let loaded = crate::checkpoint::read(d)?;
+        let fresh = crate::model::ImdbMlp::<burn::backend::NdArray>::new(&Default::default());
+        loaded.check(&crate::checkpoint::param_shapes(&fresh), cfg.optimizer)?;
+    }
     if args.mode != Mode::Single {
         let mesh = args
             .mesh

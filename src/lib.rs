@@ -7,7 +7,9 @@
 #![warn(missing_docs)]
 
 pub mod batch;
+pub mod checkpoint;
 pub mod cli;
 pub mod data;
 pub mod model;
+pub mod plot;
 pub mod train;

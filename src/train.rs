@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use burn::module::{AutodiffModule, Module};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer, SgdConfig};
-use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
+use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use burn::tensor::backend::{AutodiffBackend, Backend, BackendTypes};
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_dtensor::{
@@ -21,6 +21,7 @@ use burn_dtensor::{
 use serde::{Deserialize, Serialize};
 
 use crate::batch::{DropPolicy, VectorizedSet, batches, epoch_order};
+use crate::checkpoint;
 use crate::data::tfidf::TfIdfVectorizer;
 use crate::data::{DataError, imdb};
 use crate::model::{ImdbMlp, LossReduction, correct};
@@ -162,6 +163,7 @@ pub fn prepare(path: &Path) -> Result<Prepared, AppError> {
     let data = imdb::load(path)?;
     let train_texts: Vec<&str> = data.train.iter().map(|r| r.text.as_str()).collect();
     let vectorizer = TfIdfVectorizer::fit(&train_texts, crate::model::INPUT_DIM)?;
+    check_vocabulary(vectorizer.vocab_size(), data.train.len())?;
     let set = |reviews: &[imdb::Review]| {
         let texts: Vec<&str> = reviews.iter().map(|r| r.text.as_str()).collect();
         let m = vectorizer.transform(&texts);
@@ -176,6 +178,63 @@ pub fn prepare(path: &Path) -> Result<Prepared, AppError> {
         test: set(&data.test),
         vectorizer,
     })
+}
+
+/// Checks that the fitted vocabulary fills the model's input width ([`crate::model::INPUT_DIM`]
+/// terms, the tutorial's `max_tokens`): a corpus with fewer distinct terms would give TF-IDF
+/// rows narrower than `dense1`'s input.
+///
+/// # Errors
+/// [`AppError::Config`] saying how many terms the corpus had.
+pub fn check_vocabulary(vocab_size: usize, documents: usize) -> Result<(), AppError> {
+    if vocab_size < crate::model::INPUT_DIM {
+        return Err(AppError::Config(format!(
+            "the training corpus ({documents} reviews) has only {vocab_size} distinct terms (with the OOV slot), fewer than the model's input width {}: use the full aclImdb training set or a larger corpus",
+            crate::model::INPUT_DIM
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a learning rate: finite and positive.
+///
+/// # Errors
+/// [`AppError::Config`] naming the value.
+pub fn check_lr(lr: f64) -> Result<(), AppError> {
+    if !(lr.is_finite() && lr > 0.0) {
+        return Err(AppError::Config(format!(
+            "--lr must be a finite positive number, got {lr}; e.g. --lr 0.001"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks up front that a file can be written at `path` (its directory exists and is
+/// writable), so that a bad `--summary-json` / `--export` fails before training, not after.
+/// An existing file is left untouched; a probe file is created and removed otherwise.
+///
+/// # Errors
+/// [`AppError::Config`] naming the flag and the path.
+pub fn check_output_file(flag: &str, path: &Path) -> Result<(), AppError> {
+    let bad = |e: &dyn std::fmt::Display| {
+        AppError::Config(format!(
+            "{flag} {}: cannot write there ({e}); pick a path in an existing, writable directory",
+            path.display()
+        ))
+    };
+    if path.is_dir() {
+        return Err(bad(&"it is a directory"));
+    }
+    if path.exists() {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .map_err(|e| bad(&e))?;
+        return Ok(());
+    }
+    std::fs::File::create(path).map_err(|e| bad(&e))?;
+    let _ = std::fs::remove_file(path);
+    Ok(())
 }
 
 /// Where batches and the model go.
@@ -324,8 +383,8 @@ impl<I: Backend> Placement for Distributed<I> {
     ) -> Result<(Tensor<Self::AD, 2>, Tensor<Self::AD, 1, Int>), AppError> {
         let (x, y) = (x.convert::<I::FloatElem>(), y.convert::<I::IntElem>());
         Ok((
-            burn_dtensor::distribute(x, &self.mesh, &self.input_layout)?,
-            burn_dtensor::distribute_int(y, &self.mesh, &self.label_layout)?,
+            burn_dtensor::distribute(x, &self.input_layout)?,
+            burn_dtensor::distribute(y, &self.label_layout)?,
         ))
     }
     fn valid_batch(
@@ -341,8 +400,8 @@ impl<I: Backend> Placement for Distributed<I> {
     > {
         let (x, y) = (x.convert::<I::FloatElem>(), y.convert::<I::IntElem>());
         Ok((
-            burn_dtensor::distribute(x, &self.mesh, &self.input_layout)?,
-            burn_dtensor::distribute_int(y, &self.mesh, &self.label_layout)?,
+            burn_dtensor::distribute(x, &self.input_layout)?,
+            burn_dtensor::distribute(y, &self.label_layout)?,
         ))
     }
     fn prepare_model(&self, model: ImdbMlp<Self::AD>) -> Result<ImdbMlp<Self::AD>, AppError> {
@@ -386,6 +445,9 @@ pub struct Summary {
     pub steps: usize,
     /// Loss of each step trained in this run.
     pub train_losses: Vec<f32>,
+    /// Training-batch accuracy of each step trained in this run.
+    #[serde(default)]
+    pub train_accuracy: Vec<f32>,
     /// Test accuracy after the last epoch (None when evaluation was off).
     pub test_accuracy: Option<f64>,
     /// Test accuracy after each epoch of this run.
@@ -400,18 +462,7 @@ pub struct Summary {
     pub config: TrainConfig,
 }
 
-/// What a checkpoint directory records besides the model and optimizer records.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct CheckpointState {
-    /// Epochs completed (the next run starts at this 0-based epoch).
-    pub epochs_done: usize,
-    /// Mode that wrote it.
-    pub mode: Mode,
-    /// Optimizer it holds state for.
-    pub optimizer: OptimizerKind,
-    /// Losses so far (all epochs).
-    pub train_losses: Vec<f32>,
-}
+pub use crate::checkpoint::CheckpointState;
 
 type Rec = NamedMpkFileRecorder<FullPrecisionSettings>;
 
@@ -486,34 +537,19 @@ fn train_with<P: Placement, O: Optimizer<ImdbMlp<P::AD>, P::AD>>(
     let device = p.device();
     <P::AD as Backend>::seed(&device, cfg.seed);
     let mut model = p.prepare_model(ImdbMlp::new(&device))?;
-    let recorder = Rec::new();
     let mut start_epoch = 0;
     // Losses of the runs before a resumed checkpoint, carried into the checkpoints this run writes.
     let mut prior_losses = Vec::new();
     if let Some(dir) = &cfg.resume {
-        let st: CheckpointState = serde_json::from_str(
-            &std::fs::read_to_string(dir.join("state.json")).map_err(|e| ck_err(dir, e))?,
-        )
-        .map_err(|e| ck_err(dir, e))?;
-        if st.optimizer != cfg.optimizer {
-            return Err(AppError::Config(format!(
-                "checkpoint holds {:?} state but --optimizer is {:?}",
-                st.optimizer, cfg.optimizer
-            )));
-        }
-        model = model
-            .load_file(dir.join("model"), &recorder, &device)
-            .map_err(|e| ck_err(dir, e))?;
-        let rec = recorder
-            .load(dir.join("optim").into(), &device)
-            .map_err(|e| ck_err(dir, e))?;
-        optim = optim.load_record(rec);
-        start_epoch = st.epochs_done;
-        prior_losses = st.train_losses;
+        let loaded = checkpoint::read(dir)?;
+        start_epoch = loaded.state.epochs_done;
+        prior_losses = loaded.state.train_losses.clone();
+        (model, optim) = loaded.load_into(model, optim, cfg.optimizer, &device)?;
     }
     let t_run = Instant::now();
     let n = data.train.labels.len();
     let mut losses = Vec::new();
+    let mut accuracies = Vec::new();
     let mut step_ms = Vec::new();
     let mut test_accs = Vec::new();
     let mut comm = CommLog::default();
@@ -546,6 +582,7 @@ fn train_with<P: Placement, O: Optimizer<ImdbMlp<P::AD>, P::AD>>(
             }
             step_ms.push(t0.elapsed().as_secs_f64() * 1e3);
             losses.push(loss_v);
+            accuracies.push(acc);
             progress.step(loss_v, acc);
         }
         let test_acc = if cfg.eval {
@@ -558,14 +595,6 @@ fn train_with<P: Placement, O: Optimizer<ImdbMlp<P::AD>, P::AD>>(
         }
         progress.epoch_end(epoch, test_acc, &comm);
         if let Some(dir) = &cfg.checkpoint_dir {
-            std::fs::create_dir_all(dir).map_err(|e| ck_err(dir, e))?;
-            model
-                .clone()
-                .save_file(dir.join("model"), &recorder)
-                .map_err(|e| ck_err(dir, e))?;
-            recorder
-                .record(optim.to_record(), dir.join("optim"))
-                .map_err(|e| ck_err(dir, e))?;
             let mut all = prior_losses.clone();
             all.extend_from_slice(&losses);
             let st = CheckpointState {
@@ -573,12 +602,10 @@ fn train_with<P: Placement, O: Optimizer<ImdbMlp<P::AD>, P::AD>>(
                 mode: cfg.mode,
                 optimizer: cfg.optimizer,
                 train_losses: all,
+                params: Default::default(),
+                files: Default::default(),
             };
-            std::fs::write(
-                dir.join("state.json"),
-                serde_json::to_string_pretty(&st).unwrap(),
-            )
-            .map_err(|e| ck_err(dir, e))?;
+            checkpoint::save(dir, &model, &optim, st)?;
         }
     }
     let mut sorted = step_ms.clone();
@@ -594,6 +621,7 @@ fn train_with<P: Placement, O: Optimizer<ImdbMlp<P::AD>, P::AD>>(
         backend: p.backend_name(),
         steps: losses.len(),
         train_losses: losses,
+        train_accuracy: accuracies,
         test_accuracy: test_accs.last().copied(),
         epoch_test_accuracy: test_accs,
         median_step_ms: median,
@@ -657,9 +685,56 @@ pub fn load_exported<B: Backend>(
     file: &Path,
     device: &B::Device,
 ) -> Result<(ImdbMlp<B>, TfIdfVectorizer), AppError> {
+    let mut mpk = file.as_os_str().to_owned();
+    mpk.push(".mpk");
     let model = ImdbMlp::<B>::new(device)
         .load_file(file.to_path_buf(), &Rec::new(), device)
-        .map_err(|e| ck_err(file, e))?;
+        .map_err(|e| {
+            ck_err(
+                Path::new(&mpk),
+                format!(
+                    "cannot load it as the exported model ({e}); the file is missing, truncated or not written by `imdb_mlp --export`"
+                ),
+            )
+        })?;
     let v = TfIdfVectorizer::load(&vectorizer_path(file))?;
     Ok((model, v))
+}
+
+/// The positive-class probability (softmax over the two logits) of each review text under
+/// `model` (the tutorial's SavedModel inference): texts are vectorised with `vectorizer`, the
+/// batch `[texts.len(), 1200]` runs in inference mode on `device`.
+///
+/// # Errors
+/// [`AppError::Config`] for a text with no word of the vocabulary (empty, or only unknown
+/// words): its TF-IDF row would carry nothing but the out-of-vocabulary count, and the answer
+/// would be the model's biases, not a judgement of the text.
+pub fn classify<B: Backend>(
+    model: &ImdbMlp<B>,
+    vectorizer: &TfIdfVectorizer,
+    texts: &[String],
+    device: &B::Device,
+) -> Result<Vec<f32>, AppError> {
+    let m = vectorizer.transform(texts);
+    for (i, t) in texts.iter().enumerate() {
+        // Index 0 is the out-of-vocabulary bucket.
+        let row = &m.values[i * m.cols..(i + 1) * m.cols];
+        if row[1..].iter().all(|v| *v == 0.0) {
+            let why = if t.trim().is_empty() {
+                "is empty"
+            } else {
+                "has no word of the model's vocabulary"
+            };
+            return Err(AppError::Config(format!(
+                "text {} {why}, so the model cannot classify it; give a review in English (a few words at least)",
+                i + 1
+            )));
+        }
+    }
+    let x = Tensor::<B, 2>::from_data(TensorData::new(m.values, [m.rows, m.cols]), device);
+    let p = burn::tensor::activation::softmax(model.forward(x), 1)
+        .into_data()
+        .to_vec::<f32>()
+        .map_err(|e| AppError::Config(format!("reading the probabilities: {e:?}")))?;
+    Ok(p.chunks(2).map(|c| c[1]).collect())
 }

@@ -142,3 +142,127 @@ fn example_binary_exits_non_zero() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("device count mismatch"), "{err}");
 }
+
+/// Inputs that used to train to NaN, panic, or fail only after training now fail up front
+/// (`--data` points nowhere: an error about the data would mean the check came too late).
+#[test]
+fn learning_rate_must_be_finite_and_positive() {
+    for lr in ["NaN", "inf", "-1", "0"] {
+        let flag = format!("--lr={lr}");
+        let e = run(&[&flag, "--data", "/nonexistent/never-read.tar.gz"]).unwrap_err();
+        assert!(
+            matches!(&e, AppError::Config(m) if m.contains("--lr must be a finite positive number")),
+            "--lr {lr}: {e}"
+        );
+    }
+}
+
+#[test]
+fn mesh_axis_defined_twice() {
+    let e = run(&["--mesh", "batch=8,batch=1", "--data", "/nonexistent/x"]).unwrap_err();
+    assert!(
+        matches!(&e, AppError::Layout(DTensorError::DuplicateMeshAxis { axis, .. }) if axis == "batch"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("defined twice in the mesh"), "{e}");
+}
+
+#[test]
+fn unwritable_outputs_fail_before_training() {
+    let file = tmp("a-file", b"x");
+    let under_file = file.join("sub");
+    let p = under_file.to_str().unwrap();
+    for flag in ["--summary-json", "--export"] {
+        let e = run(&[flag, p, "--data", "/nonexistent/x"]).unwrap_err();
+        assert!(
+            matches!(&e, AppError::Config(m) if m.contains(flag) && m.contains("cannot write there")),
+            "{flag}: {e}"
+        );
+    }
+    let e = run(&["--checkpoint-dir", p, "--data", "/nonexistent/x"]).unwrap_err();
+    assert!(
+        matches!(&e, AppError::Checkpoint { path, .. } if path == p),
+        "--checkpoint-dir: {e}"
+    );
+    // A directory given as the summary file.
+    let dir = file.parent().unwrap().to_str().unwrap().to_string();
+    let e = run(&["--summary-json", &dir, "--data", "/nonexistent/x"]).unwrap_err();
+    assert!(
+        matches!(&e, AppError::Config(m) if m.contains("is a directory")),
+        "{e}"
+    );
+}
+
+#[test]
+fn resume_from_a_directory_without_checkpoint() {
+    let dir = std::env::temp_dir().join(format!("dtensor-cli-empty-ckpt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.to_str().unwrap();
+    let e = run(&["--resume", d, "--data", "/nonexistent/x"]).unwrap_err();
+    assert!(
+        matches!(&e, AppError::Checkpoint { path, reason } if path.ends_with("LATEST") && reason.contains("cannot read")),
+        "{e}"
+    );
+}
+
+/// A corpus with fewer distinct terms than the model's 1200 inputs (it used to panic in matmul).
+#[test]
+fn corpus_smaller_than_the_vocabulary() {
+    let root = std::env::temp_dir().join(format!("dtensor-tiny-imdb-{}", std::process::id()));
+    for split in ["train", "test"] {
+        for (label, rating) in [("pos", 9), ("neg", 2)] {
+            let d = root.join("aclImdb").join(split).join(label);
+            std::fs::create_dir_all(&d).unwrap();
+            for i in 0..3 {
+                std::fs::write(
+                    d.join(format!("{i}_{rating}.txt")),
+                    format!("a {label} film number {i}, quite short"),
+                )
+                .unwrap();
+            }
+        }
+    }
+    let e = run(&["--data", root.to_str().unwrap(), "--epochs", "1"]).unwrap_err();
+    assert!(
+        matches!(&e, AppError::Config(m) if m.contains("distinct terms") && m.contains("1200")),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(root);
+}
+
+/// `imdb_predict`'s classification refuses a text it cannot judge (it used to answer
+/// "positive (0.625)" for an empty text) and classifies the others.
+#[test]
+fn predict_refuses_texts_without_vocabulary_words() {
+    use dtensor_imdb::data::tfidf::TfIdfVectorizer;
+    use dtensor_imdb::model::{INPUT_DIM, ImdbMlp};
+    let corpus: Vec<String> = (0..30)
+        .map(|d| {
+            (0..60)
+                .map(|w| format!("w{}", d * 50 + w))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    let v = TfIdfVectorizer::fit(&corpus, INPUT_DIM).unwrap();
+    assert_eq!(v.vocab_size(), INPUT_DIM);
+    let dev = Default::default();
+    let model = ImdbMlp::<burn::backend::NdArray>::new(&dev);
+    let classify = |texts: &[&str]| {
+        let t: Vec<String> = texts.iter().map(|s| s.to_string()).collect();
+        dtensor_imdb::train::classify(&model, &v, &t, &dev)
+    };
+    let p = classify(&["w1 w2 w3", "w400 w401"]).unwrap();
+    assert_eq!(p.len(), 2);
+    assert!(p.iter().all(|x| (0.0..=1.0).contains(x)), "{p:?}");
+    for (texts, what) in [
+        (vec!["w1 w2", "   "], "text 2 is empty"),
+        (
+            vec!["zzz qqq"],
+            "text 1 has no word of the model's vocabulary",
+        ),
+    ] {
+        let e = classify(&texts).unwrap_err();
+        assert!(matches!(&e, AppError::Config(m) if m.contains(what)), "{e}");
+    }
+}

@@ -1,11 +1,14 @@
-//! The user-facing API on Burn tensors: layouts, relayout, host <-> mesh transfers, local shards.
+//! The user-facing API on Burn tensors: [`DTensorExt`] (a tensor's layout, relayout, local
+//! shards, visualisation) and [`distribute`] / [`from_local_shards`] (host data and per-device
+//! tensors onto the mesh), for float, int and bool tensors alike.
 //!
-//! Everything here works on `Tensor<DistributedBackend<B>, D>` and on
-//! `Tensor<Autodiff<DistributedBackend<B>>, D>` through the [`DistributedOps`] trait.
+//! Everything here works on `Tensor<DistributedBackend<B>, D, K>` and on
+//! `Tensor<Autodiff<DistributedBackend<B>>, D, K>` through the [`DistributedOps`] trait, for
+//! the kinds [`DistributedKind`] covers (`Float`, `Int`, `Bool`).
 
-use burn::tensor::backend::Backend;
-use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::backend::{Backend, BackendTypes};
+use burn::tensor::ops::{BoolTensor, FloatTensor, IntTensor, QTensorOps, QuantizedTensor};
+use burn::tensor::{BasicOps, Bool, Float, Int, Tensor, TensorData, TensorPrimitive};
 
 use crate::backend::DistributedBackend;
 use crate::error::{DTensorError, Result};
@@ -14,221 +17,430 @@ use crate::mesh::Mesh;
 use crate::ops::common;
 use crate::redistribute::redistribute;
 use crate::shard::local_shape;
-use crate::tensor::{DTensor, FloatKind, IntKind};
+use crate::tensor::{BoolKind, DTensor, FloatKind, IntKind, Kind};
 
 /// Backends whose tensors carry layouts: [`DistributedBackend<B>`] and
-/// `Autodiff<DistributedBackend<B>>`.
+/// `Autodiff<DistributedBackend<B>>`. Use it as a bound (`B: DistributedOps`) in code that works
+/// on both; the methods are the backend-level hooks behind [`DTensorExt`].
 pub trait DistributedOps: Backend {
     /// The backend that runs each shard.
     type Inner: Backend;
-    /// The layout of a float tensor.
-    fn float_layout(t: &FloatTensor<Self>) -> Layout;
-    /// The layout of an int tensor.
-    fn int_layout(t: &IntTensor<Self>) -> Layout;
+    /// The distributed primitive under a float tensor (a reference, no copy).
+    #[doc(hidden)]
+    fn float_dtensor(t: &FloatTensor<Self>) -> &DTensor<FloatTensor<Self::Inner>>;
+    /// The distributed primitive under a float tensor (no copy; on autodiff backends the
+    /// tensor leaves the graph).
+    #[doc(hidden)]
+    fn float_into_dtensor(t: FloatTensor<Self>) -> DTensor<FloatTensor<Self::Inner>>;
+    /// A float tensor of this backend from a distributed primitive (an autodiff leaf).
+    #[doc(hidden)]
+    fn float_from_dtensor(t: DTensor<FloatTensor<Self::Inner>>) -> FloatTensor<Self>;
+    /// The distributed primitive under an int tensor.
+    #[doc(hidden)]
+    fn int_dtensor(t: &IntTensor<Self>) -> &DTensor<IntTensor<Self::Inner>>;
+    /// The distributed primitive under an int tensor (no copy).
+    #[doc(hidden)]
+    fn int_into_dtensor(t: IntTensor<Self>) -> DTensor<IntTensor<Self::Inner>>;
+    /// An int tensor of this backend from a distributed primitive.
+    #[doc(hidden)]
+    fn int_from_dtensor(t: DTensor<IntTensor<Self::Inner>>) -> IntTensor<Self>;
+    /// The distributed primitive under a bool tensor.
+    #[doc(hidden)]
+    fn bool_dtensor(t: &BoolTensor<Self>) -> &DTensor<BoolTensor<Self::Inner>>;
+    /// The distributed primitive under a bool tensor (no copy).
+    #[doc(hidden)]
+    fn bool_into_dtensor(t: BoolTensor<Self>) -> DTensor<BoolTensor<Self::Inner>>;
+    /// A bool tensor of this backend from a distributed primitive.
+    #[doc(hidden)]
+    fn bool_from_dtensor(t: DTensor<BoolTensor<Self::Inner>>) -> BoolTensor<Self>;
     /// The layout of a quantized tensor (always replicated).
-    fn q_layout(t: &burn::tensor::ops::QuantizedTensor<Self>) -> Layout;
-    /// Relayout of a float tensor (differentiable on autodiff backends: the gradient is relaid
+    #[doc(hidden)]
+    fn q_layout(t: &QuantizedTensor<Self>) -> Layout;
+    /// Relayout of a float tensor: differentiable on autodiff backends (the gradient is relaid
     /// out back to the input's layout).
     ///
     /// # Errors
     /// Mesh or rank mismatch.
-    fn float_relayout(t: FloatTensor<Self>, layout: &Layout) -> Result<FloatTensor<Self>>;
+    #[doc(hidden)]
+    fn float_relayout(t: FloatTensor<Self>, layout: &Layout) -> Result<FloatTensor<Self>> {
+        Ok(Self::float_from_dtensor(redistribute::<
+            Self::Inner,
+            FloatKind,
+        >(
+            Self::float_into_dtensor(t),
+            layout,
+        )?))
+    }
     /// Relayout of a float tensor outside the autodiff graph: the result is a fresh leaf (what a
     /// parameter needs; see [`LayoutMap`](crate::LayoutMap)).
     ///
     /// # Errors
     /// Mesh or rank mismatch.
+    #[doc(hidden)]
     fn float_relayout_leaf(t: FloatTensor<Self>, layout: &Layout) -> Result<FloatTensor<Self>> {
         Self::float_relayout(t, layout)
     }
-    /// Relayout of an int tensor.
-    ///
-    /// # Errors
-    /// Mesh or rank mismatch.
-    fn int_relayout(t: IntTensor<Self>, layout: &Layout) -> Result<IntTensor<Self>>;
-    /// A float tensor from host data, each device receiving only its chunk.
-    ///
-    /// # Errors
-    /// Mesh or rank mismatch.
-    fn float_distribute(
-        data: TensorData,
-        mesh: &Mesh<<Self::Inner as burn::tensor::backend::BackendTypes>::Device>,
-        layout: &Layout,
-    ) -> Result<FloatTensor<Self>>;
-    /// An int tensor from host data, each device receiving only its chunk.
-    ///
-    /// # Errors
-    /// Mesh or rank mismatch.
-    fn int_distribute(
-        data: TensorData,
-        mesh: &Mesh<<Self::Inner as burn::tensor::backend::BackendTypes>::Device>,
-        layout: &Layout,
-    ) -> Result<IntTensor<Self>>;
-    /// The distributed primitive under a float tensor (no copy).
-    fn float_dtensor(t: FloatTensor<Self>) -> DTensor<FloatTensor<Self::Inner>>;
 }
 
 impl<B: Backend> DistributedOps for DistributedBackend<B> {
     type Inner = B;
-    fn float_layout(t: &FloatTensor<Self>) -> Layout {
-        (*t.layout).clone()
-    }
-    fn int_layout(t: &IntTensor<Self>) -> Layout {
-        (*t.layout).clone()
-    }
-    fn q_layout(t: &burn::tensor::ops::QuantizedTensor<Self>) -> Layout {
-        (*t.layout).clone()
-    }
-    fn float_relayout(t: FloatTensor<Self>, layout: &Layout) -> Result<FloatTensor<Self>> {
-        redistribute::<B, FloatKind>(t, layout)
-    }
-    fn int_relayout(t: IntTensor<Self>, layout: &Layout) -> Result<IntTensor<Self>> {
-        redistribute::<B, IntKind>(t, layout)
-    }
-    fn float_distribute(
-        data: TensorData,
-        mesh: &Mesh<B::Device>,
-        layout: &Layout,
-    ) -> Result<FloatTensor<Self>> {
-        common::distribute::<B, FloatKind>(data, mesh, layout)
-    }
-    fn int_distribute(
-        data: TensorData,
-        mesh: &Mesh<B::Device>,
-        layout: &Layout,
-    ) -> Result<IntTensor<Self>> {
-        common::distribute::<B, IntKind>(data, mesh, layout)
-    }
-    fn float_dtensor(t: FloatTensor<Self>) -> DTensor<FloatTensor<B>> {
+    fn float_dtensor(t: &FloatTensor<Self>) -> &DTensor<FloatTensor<B>> {
         t
     }
-}
-
-fn float_prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
-    match t.into_primitive() {
-        TensorPrimitive::Float(p) => p,
-        TensorPrimitive::QFloat(q) => B::dequantize(q, burn::tensor::FloatDType::F32),
+    fn float_into_dtensor(t: FloatTensor<Self>) -> DTensor<FloatTensor<B>> {
+        t
+    }
+    fn float_from_dtensor(t: DTensor<FloatTensor<B>>) -> FloatTensor<Self> {
+        t
+    }
+    fn int_dtensor(t: &IntTensor<Self>) -> &DTensor<IntTensor<B>> {
+        t
+    }
+    fn int_into_dtensor(t: IntTensor<Self>) -> DTensor<IntTensor<B>> {
+        t
+    }
+    fn int_from_dtensor(t: DTensor<IntTensor<B>>) -> IntTensor<Self> {
+        t
+    }
+    fn bool_dtensor(t: &BoolTensor<Self>) -> &DTensor<BoolTensor<B>> {
+        t
+    }
+    fn bool_into_dtensor(t: BoolTensor<Self>) -> DTensor<BoolTensor<B>> {
+        t
+    }
+    fn bool_from_dtensor(t: DTensor<BoolTensor<B>>) -> BoolTensor<Self> {
+        t
+    }
+    fn q_layout(t: &QuantizedTensor<Self>) -> Layout {
+        (*t.layout).clone()
     }
 }
 
-/// The layout of a tensor.
-pub fn layout<B: DistributedOps, const D: usize>(t: &Tensor<B, D>) -> Layout {
-    match t.clone().into_primitive() {
-        TensorPrimitive::Float(p) => B::float_layout(&p),
-        TensorPrimitive::QFloat(q) => B::q_layout(&q),
+/// The inner device type of a distributed backend.
+type InnerDevice<B> = <<B as DistributedOps>::Inner as BackendTypes>::Device;
+
+/// The mesh a layout lives on, with its devices (layouts carry the mesh's axes and id; the
+/// devices come from the process' mesh registry).
+///
+/// # Errors
+/// [`DTensorError::UnknownMesh`] when the layout was built on a mesh of another device type.
+fn mesh_of_layout<B: DistributedOps>(layout: &Layout) -> Result<Mesh<InnerDevice<B>>> {
+    Mesh::from_registry(layout.mesh.id).ok_or_else(|| DTensorError::UnknownMesh {
+        mesh: layout.mesh.to_string(),
+        backend: std::any::type_name::<B::Inner>().to_string(),
+    })
+}
+
+/// Tensor kinds whose tensors carry a layout on a distributed backend `B`: `Float`, `Int` and
+/// `Bool`. The one place where the kind-specific primitive calls are chosen, so that
+/// [`DTensorExt`], [`distribute`] and [`from_local_shards`] are written once for all kinds.
+pub trait DistributedKind<B: DistributedOps>: BasicOps<B> + BasicOps<B::Inner> {
+    /// The layout of a primitive of this kind.
+    #[doc(hidden)]
+    fn layout(p: &<Self as burn::tensor::TensorKind<B>>::Primitive) -> Layout;
+    /// Relayout of a primitive (float: differentiable on autodiff backends).
+    ///
+    /// # Errors
+    /// Mesh or rank mismatch.
+    #[doc(hidden)]
+    fn relayout(
+        p: <Self as burn::tensor::TensorKind<B>>::Primitive,
+        layout: &Layout,
+    ) -> Result<<Self as burn::tensor::TensorKind<B>>::Primitive>;
+    /// A primitive from host data, each device receiving its chunk under `layout`.
+    ///
+    /// # Errors
+    /// Rank mismatch, unknown mesh.
+    #[doc(hidden)]
+    fn distribute(
+        data: TensorData,
+        layout: &Layout,
+    ) -> Result<<Self as burn::tensor::TensorKind<B>>::Primitive>;
+    /// The per-device shards on the inner backend (row-major over the mesh).
+    #[doc(hidden)]
+    fn local_shards(
+        p: <Self as burn::tensor::TensorKind<B>>::Primitive,
+    ) -> Vec<<Self as burn::tensor::TensorKind<B::Inner>>::Primitive>;
+    /// A primitive from per-device shards (checked by the caller).
+    #[doc(hidden)]
+    fn from_local_shards(
+        shape: Vec<usize>,
+        layout: &Layout,
+        shards: Vec<<Self as burn::tensor::TensorKind<B::Inner>>::Primitive>,
+    ) -> <Self as burn::tensor::TensorKind<B>>::Primitive;
+}
+
+/// The per-device shards of a distributed primitive, row-major over the mesh.
+fn per_device<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> Vec<K::P> {
+    crate::stack::to_per_device::<B, K>(t).shards
+}
+
+/// A float primitive's distributed form: quantized tensors are dequantized (they are always
+/// replicated, see [`DistributedOps::q_layout`]).
+fn float_dt<B: DistributedOps>(p: TensorPrimitive<B>) -> DTensor<FloatTensor<B::Inner>> {
+    match p {
+        TensorPrimitive::Float(p) => B::float_into_dtensor(p),
+        TensorPrimitive::QFloat(q) => {
+            B::float_into_dtensor(B::dequantize(q, burn::tensor::FloatDType::F32))
+        }
     }
 }
 
-/// The layout of an int tensor.
-pub fn layout_int<B: DistributedOps, const D: usize>(t: &Tensor<B, D, Int>) -> Layout {
-    B::int_layout(&t.clone().into_primitive())
+impl<B: DistributedOps> DistributedKind<B> for Float {
+    fn layout(p: &TensorPrimitive<B>) -> Layout {
+        match p {
+            TensorPrimitive::Float(p) => (*B::float_dtensor(p).layout).clone(),
+            TensorPrimitive::QFloat(q) => B::q_layout(q),
+        }
+    }
+    fn relayout(p: TensorPrimitive<B>, layout: &Layout) -> Result<TensorPrimitive<B>> {
+        let p = match p {
+            TensorPrimitive::Float(p) => p,
+            TensorPrimitive::QFloat(q) => B::dequantize(q, burn::tensor::FloatDType::F32),
+        };
+        Ok(TensorPrimitive::Float(B::float_relayout(p, layout)?))
+    }
+    fn distribute(data: TensorData, layout: &Layout) -> Result<TensorPrimitive<B>> {
+        let mesh = mesh_of_layout::<B>(layout)?;
+        let t = common::distribute::<B::Inner, FloatKind>(data, &mesh, layout)?;
+        Ok(TensorPrimitive::Float(B::float_from_dtensor(t)))
+    }
+    fn local_shards(p: TensorPrimitive<B>) -> Vec<TensorPrimitive<B::Inner>> {
+        per_device::<B::Inner, FloatKind>(float_dt::<B>(p))
+            .into_iter()
+            .map(TensorPrimitive::Float)
+            .collect()
+    }
+    fn from_local_shards(
+        shape: Vec<usize>,
+        layout: &Layout,
+        shards: Vec<TensorPrimitive<B::Inner>>,
+    ) -> TensorPrimitive<B> {
+        let shards = shards
+            .into_iter()
+            .map(|p| match p {
+                TensorPrimitive::Float(p) => p,
+                TensorPrimitive::QFloat(q) => {
+                    B::Inner::dequantize(q, burn::tensor::FloatDType::F32)
+                }
+            })
+            .collect();
+        TensorPrimitive::Float(B::float_from_dtensor(DTensor::from_parts(
+            shape,
+            layout.clone(),
+            shards,
+        )))
+    }
 }
 
-/// `f32[64@batch, 1200]`: dtype, global shape and sharding, JAX style.
-pub fn describe<B: DistributedOps, const D: usize>(t: &Tensor<B, D>) -> String {
-    let l = layout(t);
-    l.describe(&format!("{:?}", t.dtype()).to_lowercase(), &t.dims())
+/// [`DistributedKind`] for the kinds whose primitive is the distributed primitive itself.
+macro_rules! plain_kind {
+    ($kind:ty, $k:ty, $get:ident, $into:ident, $from:ident) => {
+        impl<B: DistributedOps> DistributedKind<B> for $kind {
+            fn layout(p: &<Self as burn::tensor::TensorKind<B>>::Primitive) -> Layout {
+                (*B::$get(p).layout).clone()
+            }
+            fn relayout(
+                p: <Self as burn::tensor::TensorKind<B>>::Primitive,
+                layout: &Layout,
+            ) -> Result<<Self as burn::tensor::TensorKind<B>>::Primitive> {
+                Ok(B::$from(redistribute::<B::Inner, $k>(B::$into(p), layout)?))
+            }
+            fn distribute(
+                data: TensorData,
+                layout: &Layout,
+            ) -> Result<<Self as burn::tensor::TensorKind<B>>::Primitive> {
+                let mesh = mesh_of_layout::<B>(layout)?;
+                Ok(B::$from(common::distribute::<B::Inner, $k>(
+                    data, &mesh, layout,
+                )?))
+            }
+            fn local_shards(
+                p: <Self as burn::tensor::TensorKind<B>>::Primitive,
+            ) -> Vec<<Self as burn::tensor::TensorKind<B::Inner>>::Primitive> {
+                per_device::<B::Inner, $k>(B::$into(p))
+            }
+            fn from_local_shards(
+                shape: Vec<usize>,
+                layout: &Layout,
+                shards: Vec<<Self as burn::tensor::TensorKind<B::Inner>>::Primitive>,
+            ) -> <Self as burn::tensor::TensorKind<B>>::Primitive {
+                B::$from(DTensor::from_parts(shape, layout.clone(), shards))
+            }
+        }
+    };
 }
+plain_kind!(
+    Int,
+    IntKind,
+    int_dtensor,
+    int_into_dtensor,
+    int_from_dtensor
+);
+plain_kind!(
+    Bool,
+    BoolKind,
+    bool_dtensor,
+    bool_into_dtensor,
+    bool_from_dtensor
+);
 
-/// Redistributes a tensor to `layout` (TensorFlow DTensor's `dtensor.relayout`), running the
-/// collectives the two layouts imply (see [`crate::redistribute`]). Differentiable on
-/// `Autodiff<DistributedBackend<B>>`: the backward pass relayouts the gradient back.
+/// Distributed-tensor methods on Burn's `Tensor` (float, int and bool), in the manner of
+/// PyTorch's `DTensor` methods and JAX's `Array.sharding`: import the trait
+/// (`use burn_dtensor::DTensorExt;`) and call them on any tensor of `DistributedBackend<B>` or
+/// `Autodiff<DistributedBackend<B>>`.
 ///
-/// # Errors
-/// [`DTensorError::MeshMismatch`] when `layout` is on another mesh, [`DTensorError::RankMismatch`]
-/// when its rank is not `D`.
-pub fn relayout<B: DistributedOps, const D: usize>(
-    t: Tensor<B, D>,
-    layout: &Layout,
-) -> Result<Tensor<B, D>> {
-    layout.check_rank(D)?;
-    Ok(Tensor::from_primitive(TensorPrimitive::Float(
-        B::float_relayout(float_prim(t), layout)?,
-    )))
-}
-
-/// [`relayout`] for int tensors (e.g. labels).
+/// ```
+/// use burn::backend::NdArray;
+/// use burn::tensor::{Int, Tensor, TensorData};
+/// use burn_dtensor::{DTensorExt, DistributedBackend, DistributedDevice, Layout, Mesh};
 ///
-/// # Errors
-/// As [`relayout`].
-pub fn relayout_int<B: DistributedOps, const D: usize>(
-    t: Tensor<B, D, Int>,
-    layout: &Layout,
-) -> Result<Tensor<B, D, Int>> {
-    layout.check_rank(D)?;
-    Ok(Tensor::from_primitive(B::int_relayout(
-        t.into_primitive(),
-        layout,
-    )?))
+/// type B = DistributedBackend<NdArray>;
+/// let mesh = Mesh::virtual_devices([("batch", 2)], Default::default())?;
+/// let device = DistributedDevice::new(mesh.clone());
+/// let labels = Tensor::<B, 1, Int>::from_data([1, 0, 1], &device); // replicated
+/// assert!(labels.layout().is_replicated());
+/// let labels = labels.relayout(&Layout::batch_sharded(&mesh, "batch", 1)?)?;
+/// assert_eq!(labels.describe(), "i64[3@batch]");
+/// // Each device holds its chunk (uneven: the first shard is one larger).
+/// let shards = labels.clone().to_local_shards();
+/// assert_eq!(shards[0].to_data().to_vec::<i64>().unwrap(), vec![1, 0]);
+/// assert_eq!(shards[1].to_data().to_vec::<i64>().unwrap(), vec![1]);
+/// // The global value is unchanged by the layout.
+/// assert_eq!(labels.into_data().to_vec::<i64>().unwrap(), vec![1, 0, 1]);
+/// # Ok::<(), burn_dtensor::DTensorError>(())
+/// ```
+pub trait DTensorExt: Sized {
+    /// The same tensor type on the inner backend (what one shard is).
+    type Local;
+    /// The tensor's layout (sharding spec and pending reductions) on its mesh.
+    fn layout(&self) -> Layout;
+    /// Redistributes the tensor to `layout` (TensorFlow DTensor's `dtensor.relayout`, PyTorch's
+    /// `DTensor.redistribute`), running the collectives the two layouts imply (all-gather,
+    /// all-reduce, reduce-scatter, all-to-all or a local chunk). The global value is unchanged.
+    /// Float tensors are differentiable through it on `Autodiff<DistributedBackend<B>>`: the
+    /// backward pass relayouts the gradient back to the input's layout.
+    ///
+    /// # Errors
+    /// [`DTensorError::MeshMismatch`] when `layout` is on another mesh,
+    /// [`DTensorError::RankMismatch`] when its rank is not the tensor's.
+    fn relayout(self, layout: &Layout) -> Result<Self>;
+    /// The per-device shards on the inner backend, one per mesh device in row-major order,
+    /// each of the per-shard shape the layout implies (replicated dims whole, sharded dims
+    /// chunked, see [`Layout::shard_ranges`]). A partial layout gives the unreduced values.
+    fn to_local_shards(self) -> Vec<Self::Local>;
+    /// `f32[64@batch, 1200]`: dtype, global shape and sharding, in JAX's notation.
+    fn describe(&self) -> String;
+    /// The tensor's layout drawn as a table of device blocks (see
+    /// [`visualize_sharding`](crate::visualize_sharding)), with ANSI colours when `color` is true
+    /// (e.g. `std::io::stdout().is_terminal()`).
+    fn sharding_table(&self, color: bool) -> String;
 }
 
-/// Sends a host tensor to the mesh with each device receiving only its own chunk under `layout`
-/// (TensorFlow DTensor's `pack` of a host batch; no full copy on every device).
+impl<B, const D: usize, K> DTensorExt for Tensor<B, D, K>
+where
+    B: DistributedOps,
+    K: DistributedKind<B>,
+    <K as BasicOps<B>>::Elem: burn::tensor::Element,
+{
+    type Local = Tensor<B::Inner, D, K>;
+    fn layout(&self) -> Layout {
+        K::layout(&self.clone().into_primitive())
+    }
+    fn relayout(self, layout: &Layout) -> Result<Self> {
+        layout.check_rank(D)?;
+        Ok(Tensor::from_primitive(K::relayout(
+            self.into_primitive(),
+            layout,
+        )?))
+    }
+    fn to_local_shards(self) -> Vec<Self::Local> {
+        K::local_shards(self.into_primitive())
+            .into_iter()
+            .map(Tensor::from_primitive)
+            .collect()
+    }
+    fn describe(&self) -> String {
+        DTensorExt::layout(self).describe(&dtype_name(self.dtype()), &self.dims())
+    }
+    fn sharding_table(&self, color: bool) -> String {
+        crate::visualize::render(
+            &DTensorExt::layout(self),
+            &self.dims(),
+            &dtype_name(self.dtype()),
+            color,
+        )
+    }
+}
+
+/// `f32`, `i64`, `bool`: the dtype as written in [`DTensorExt::describe`].
+fn dtype_name(d: burn::tensor::DType) -> String {
+    format!("{d:?}").to_lowercase()
+}
+
+/// Sends host data to the mesh with each device receiving only its own chunk under `layout`
+/// (TensorFlow DTensor's `pack` of a host batch, JAX's `device_put` with a `NamedSharding`): no
+/// device ever holds the whole tensor unless the layout replicates it. The kind (float, int or
+/// bool) is the result type's; the mesh is the layout's.
+///
+/// `data` has the **global** shape; device `i` receives
+/// [`Layout::shard_ranges`]`(shape, i)` of it.
+///
+/// ```
+/// use burn::backend::NdArray;
+/// use burn::tensor::{Int, Tensor, TensorData};
+/// use burn_dtensor::{DTensorExt, DistributedBackend, Layout, Mesh, distribute};
+///
+/// type B = DistributedBackend<NdArray>;
+/// let mesh = Mesh::virtual_devices([("batch", 4)], burn::backend::ndarray::NdArrayDevice::Cpu)?;
+/// let rows = Layout::batch_sharded(&mesh, "batch", 2)?;
+/// let x: Tensor<B, 2> = distribute(TensorData::new(vec![0.0f32; 8 * 3], [8, 3]), &rows)?;
+/// let y: Tensor<B, 1, Int> = distribute(TensorData::new(vec![1i64; 8], [8]), &rows.delete(&[1]))?;
+/// assert_eq!(x.describe(), "f32[8@batch, 3]");
+/// assert_eq!(y.to_local_shards()[3].dims(), [2]);
+/// # Ok::<(), burn_dtensor::DTensorError>(())
+/// ```
 ///
 /// # Errors
 /// [`DTensorError::RankMismatch`] when `data`'s rank is not `D` or not the layout's,
-/// [`DTensorError::MeshMismatch`] when `layout` is on another mesh.
-pub fn distribute<B: DistributedOps, const D: usize>(
+/// [`DTensorError::UnknownMesh`] when the layout's mesh is not a mesh of `B`'s inner devices.
+pub fn distribute<B, const D: usize, K>(
     data: TensorData,
-    mesh: &Mesh<<B::Inner as burn::tensor::backend::BackendTypes>::Device>,
     layout: &Layout,
-) -> Result<Tensor<B, D>> {
+) -> Result<Tensor<B, D, K>>
+where
+    B: DistributedOps,
+    K: DistributedKind<B>,
+{
     if data.rank() != D {
         return Err(DTensorError::RankMismatch {
             layout_rank: D,
             tensor_rank: data.rank(),
         });
     }
-    Ok(Tensor::from_primitive(TensorPrimitive::Float(
-        B::float_distribute(data, mesh, layout)?,
-    )))
-}
-
-/// [`distribute`] for int tensors.
-///
-/// # Errors
-/// As [`distribute`].
-pub fn distribute_int<B: DistributedOps, const D: usize>(
-    data: TensorData,
-    mesh: &Mesh<<B::Inner as burn::tensor::backend::BackendTypes>::Device>,
-    layout: &Layout,
-) -> Result<Tensor<B, D, Int>> {
-    if data.rank() != D {
-        return Err(DTensorError::RankMismatch {
-            layout_rank: D,
-            tensor_rank: data.rank(),
-        });
-    }
-    Ok(Tensor::from_primitive(B::int_distribute(
-        data, mesh, layout,
-    )?))
-}
-
-/// The per-device shards of a float tensor on the inner backend (row-major over the mesh),
-/// each of the per-shard shape its layout implies. Partial layouts give the unreduced values.
-pub fn to_local_shards<B: DistributedOps, const D: usize>(
-    t: Tensor<B, D>,
-) -> Vec<Tensor<B::Inner, D>> {
-    let t = crate::stack::to_per_device::<B::Inner, crate::tensor::FloatKind>(B::float_dtensor(
-        float_prim(t),
-    ));
-    t.shards
-        .into_iter()
-        .map(|p| Tensor::from_primitive(TensorPrimitive::Float(p)))
-        .collect()
+    Ok(Tensor::from_primitive(K::distribute(data, layout)?))
 }
 
 /// Builds a distributed tensor of global shape `shape` from one inner tensor per mesh device
-/// (TensorFlow DTensor's `pack`), checked against `layout`.
+/// (TensorFlow DTensor's `pack`, PyTorch's `DTensor.from_local`), checked against `layout`:
+/// shard `i` must have the per-shard shape `layout` gives device `i` (see
+/// [`Layout::shard_ranges`]). Replicated dims must hold equal values on every device, which is
+/// not checked (as in PyTorch).
 ///
 /// # Errors
-/// [`DTensorError::ShardCountMismatch`], [`DTensorError::ShardShapeMismatch`],
-/// [`DTensorError::RankMismatch`].
-pub fn from_local_shards<B: Backend, const D: usize>(
-    shards: Vec<Tensor<B, D>>,
+/// [`DTensorError::ShardCountMismatch`] when `shards.len()` is not the mesh size,
+/// [`DTensorError::ShardShapeMismatch`] for a shard of the wrong shape,
+/// [`DTensorError::RankMismatch`] when the layout's rank is not `D`.
+pub fn from_local_shards<B, const D: usize, K>(
+    shards: Vec<Tensor<B, D, K>>,
     shape: [usize; D],
     layout: &Layout,
-) -> Result<Tensor<DistributedBackend<B>, D>> {
+) -> Result<Tensor<DistributedBackend<B>, D, K>>
+where
+    B: Backend,
+    K: DistributedKind<DistributedBackend<B>> + BasicOps<B>,
+    <K as BasicOps<B>>::Elem: burn::tensor::Element,
+{
     layout.check_rank(D)?;
     let n = layout.mesh.size();
     if shards.len() != n {
@@ -248,9 +460,11 @@ pub fn from_local_shards<B: Backend, const D: usize>(
                 global: shape.to_vec(),
             });
         }
-        prims.push(float_prim(s));
+        prims.push(s.into_primitive());
     }
-    Ok(Tensor::from_primitive(TensorPrimitive::Float(
-        DTensor::from_parts(shape.to_vec(), layout.clone(), prims),
+    Ok(Tensor::from_primitive(K::from_local_shards(
+        shape.to_vec(),
+        layout,
+        prims,
     )))
 }

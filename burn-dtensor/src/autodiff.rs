@@ -9,16 +9,14 @@ use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
-use burn::tensor::TensorData;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::backend::Backend;
-use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::ops::{BoolTensor, FloatTensor, IntTensor};
 
 use crate::api::DistributedOps;
 use crate::backend::DistributedBackend;
 use crate::error::Result;
 use crate::layout::Layout;
-use crate::mesh::Mesh;
 use crate::redistribute::{execute, redistribute};
 use crate::tensor::{DTensor, FloatKind};
 
@@ -43,11 +41,32 @@ impl<B: Backend> Backward<DistributedBackend<B>, 1> for Relayout {
 
 impl<B: Backend, C: CheckpointStrategy> DistributedOps for Autodiff<DistributedBackend<B>, C> {
     type Inner = B;
-    fn float_layout(t: &FloatTensor<Self>) -> Layout {
-        (*t.primitive.layout).clone()
+    fn float_dtensor(t: &FloatTensor<Self>) -> &DTensor<FloatTensor<B>> {
+        &t.primitive
     }
-    fn int_layout(t: &IntTensor<Self>) -> Layout {
-        (*t.layout).clone()
+    fn float_into_dtensor(t: FloatTensor<Self>) -> DTensor<FloatTensor<B>> {
+        t.primitive
+    }
+    fn float_from_dtensor(t: DTensor<FloatTensor<B>>) -> FloatTensor<Self> {
+        Self::from_inner(t)
+    }
+    fn int_dtensor(t: &IntTensor<Self>) -> &DTensor<IntTensor<B>> {
+        t
+    }
+    fn int_into_dtensor(t: IntTensor<Self>) -> DTensor<IntTensor<B>> {
+        t
+    }
+    fn int_from_dtensor(t: DTensor<IntTensor<B>>) -> IntTensor<Self> {
+        t
+    }
+    fn bool_dtensor(t: &BoolTensor<Self>) -> &DTensor<BoolTensor<B>> {
+        t
+    }
+    fn bool_into_dtensor(t: BoolTensor<Self>) -> DTensor<BoolTensor<B>> {
+        t
+    }
+    fn bool_from_dtensor(t: DTensor<BoolTensor<B>>) -> BoolTensor<Self> {
+        t
     }
     fn q_layout(t: &burn::tensor::ops::QuantizedTensor<Self>) -> Layout {
         (*t.layout).clone()
@@ -72,27 +91,5 @@ impl<B: Backend, C: CheckpointStrategy> DistributedOps for Autodiff<DistributedB
             t.primitive,
             layout,
         )?))
-    }
-    fn int_relayout(t: IntTensor<Self>, layout: &Layout) -> Result<IntTensor<Self>> {
-        DistributedBackend::<B>::int_relayout(t, layout)
-    }
-    fn float_distribute(
-        data: TensorData,
-        mesh: &Mesh<B::Device>,
-        layout: &Layout,
-    ) -> Result<FloatTensor<Self>> {
-        Ok(Self::from_inner(DistributedBackend::<B>::float_distribute(
-            data, mesh, layout,
-        )?))
-    }
-    fn int_distribute(
-        data: TensorData,
-        mesh: &Mesh<B::Device>,
-        layout: &Layout,
-    ) -> Result<IntTensor<Self>> {
-        DistributedBackend::<B>::int_distribute(data, mesh, layout)
-    }
-    fn float_dtensor(t: FloatTensor<Self>) -> DTensor<FloatTensor<B>> {
-        t.primitive
     }
 }

@@ -73,6 +73,29 @@ pub enum DTensorError {
         /// Target mesh, displayed.
         to: String,
     },
+    /// A mesh definition that names the same axis twice (`batch=8,batch=1`).
+    #[error(
+        "mesh axis `{axis}` is defined twice in the mesh (positions {first} and {second}); give each mesh axis a distinct name, e.g. `batch=4,model=2`"
+    )]
+    DuplicateMeshAxis {
+        /// Axis name.
+        axis: String,
+        /// Position of its first definition.
+        first: usize,
+        /// Position of its second definition.
+        second: usize,
+    },
+    /// A layout whose mesh is not a mesh of the backend's inner devices (built with another
+    /// device type), so its devices cannot be found.
+    #[error(
+        "layout on mesh [{mesh}] is not a mesh of {backend} devices; build the layout from a `Mesh` of the backend's inner devices"
+    )]
+    UnknownMesh {
+        /// The layout's mesh, displayed.
+        mesh: String,
+        /// The inner backend's type name.
+        backend: String,
+    },
     /// The number of local shards passed to `from_local_shards` is not the mesh size.
     #[error("expected one shard per mesh device ({expected}), got {given}")]
     ShardCountMismatch {

@@ -215,6 +215,16 @@ impl Layout {
             })
             .collect()
     }
+    /// The range of each global dim that mesh device `device` (flat index, row-major) holds
+    /// of a tensor of global shape `shape` under this layout: the whole extent on unsharded
+    /// dims, its chunk on sharded ones (chunk semantics, see [`Layout`]; possibly empty).
+    pub fn shard_ranges(&self, shape: &[usize], device: usize) -> Vec<std::ops::Range<usize>> {
+        crate::shard::local_ranges(self, shape, device)
+    }
+    /// The per-shard shape of mesh device `device` (the lengths of [`Layout::shard_ranges`]).
+    pub fn shard_shape(&self, shape: &[usize], device: usize) -> Vec<usize> {
+        crate::shard::local_shape(self, shape, device)
+    }
     /// Checks that this layout fits a tensor of the given rank.
     ///
     /// # Errors

@@ -220,7 +220,7 @@ fn relayout_leaf<B: DistributedOps, const D: usize>(
     t: Tensor<B, D>,
     layout: &Layout,
 ) -> Tensor<B, D> {
-    if &crate::api::layout(&t) == layout {
+    if &crate::api::DTensorExt::layout(&t) == layout {
         return t;
     }
     let grad = t.is_require_grad();

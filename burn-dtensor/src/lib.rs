@@ -12,59 +12,80 @@
 //!
 //! ```
 //! use burn::backend::NdArray;
-//! use burn::tensor::{Tensor, TensorData};
-//! use burn_dtensor::{DistributedBackend, DistributedDevice, Layout, Mesh, distribute, relayout};
+//! use burn::tensor::{Int, Tensor, TensorData};
+//! use burn_dtensor::{DTensorExt, DistributedBackend, DistributedDevice, Layout, Mesh, distribute};
 //!
 //! type B = DistributedBackend<NdArray>;
-//! let mesh = Mesh::virtual_devices([("batch", 4), ("model", 2)], Default::default()).unwrap();
+//! let mesh = Mesh::virtual_devices([("batch", 4), ("model", 2)], Default::default())?;
 //! let device = DistributedDevice::new(mesh.clone());
-//! // A batch sharded over `batch` (each device receives only its rows)...
-//! let x: Tensor<B, 2> = distribute(TensorData::new((0..24).map(|v| v as f32).collect::<Vec<_>>(), [6, 4]),
-//!     &mesh, &Layout::batch_sharded(&mesh, "batch", 2).unwrap()).unwrap();
+//! // A batch sharded over `batch`: each device receives only its rows...
+//! let rows = Layout::batch_sharded(&mesh, "batch", 2)?;
+//! let data: Vec<f32> = (0..24).map(|v| v as f32).collect();
+//! let x: Tensor<B, 2> = distribute(TensorData::new(data, [6, 4]), &rows)?;
 //! // ... times a weight sharded over `model` on its output dim: no communication.
-//! let w = relayout(Tensor::<B, 2>::ones([4, 2], &device), &Layout::new(&mesh, ["unsharded", "model"]).unwrap()).unwrap();
+//! let w = Tensor::<B, 2>::ones([4, 2], &device)
+//!     .relayout(&Layout::new(&mesh, ["unsharded", "model"])?)?;
 //! let y = x.matmul(w);
-//! assert_eq!(burn_dtensor::describe(&y), "f32[6@batch, 2@model]");
-//! let expected: Vec<f32> = (0..6).flat_map(|r| { let s = (0..4).map(|c| (r * 4 + c) as f32).sum::<f32>(); [s, s] }).collect();
-//! assert_eq!(y.into_data().to_vec::<f32>().unwrap(), expected);
+//! assert_eq!(y.describe(), "f32[6@batch, 2@model]");
+//! let sums = (0..6).flat_map(|r| {
+//!     let s = (0..4).map(|c| (r * 4 + c) as f32).sum::<f32>();
+//!     [s, s]
+//! });
+//! assert_eq!(y.into_data().to_vec::<f32>().unwrap(), sums.collect::<Vec<_>>());
+//! // Int and bool tensors take the same methods.
+//! let labels: Tensor<B, 1, Int> = distribute(TensorData::new(vec![0i64, 1, 1, 0, 1, 0], [6]), &rows.delete(&[1]))?;
+//! assert_eq!(labels.describe(), "i64[6@batch]");
+//! # Ok::<(), burn_dtensor::DTensorError>(())
 //! ```
 //!
-//! The tree follows the concepts: [`mesh`], [`layout`], [`shard`] (global <-> local geometry),
-//! [`device`], [`tensor`] (the primitive), [`backend`] and [`ops`] (Burn's op traits, thin),
-//! [`rules`] (sharding rules, one op family per file), [`redistribute`] (plans and execution),
-//! [`collective`], [`stack`] (stacked execution on virtual meshes), [`autodiff`] (differentiable relayout), [`layout_map`], [`comm`]
-//! (communication accounting) and [`error`].
+//! The public surface is the concepts: [`Mesh`] (devices and named axes), [`Layout`]
+//! (sharding spec and pending reductions), [`DistributedDevice`] and [`DistributedBackend`],
+//! [`DTensorExt`] (a tensor's layout, relayout, local shards), [`distribute`] and
+//! [`from_local_shards`], [`LayoutMap`] (regex rules over module parameter paths),
+//! [`CommDebugMode`] / [`record_comms`] (communication accounting), [`visualize_sharding`] and
+//! the typed [`DTensorError`].
+//!
+//! The tree follows the same concepts: `mesh.rs`, `layout.rs`, `shard.rs` (global <-> local
+//! geometry), `device.rs`, `tensor.rs` (the primitive), `backend.rs` and `ops/` (Burn's op
+//! traits, thin), `rules/` (sharding rules, one op family per file), `redistribute/` (plans and
+//! execution), `collective/`, `stack.rs` (stacked execution on virtual meshes), `autodiff.rs`
+//! (differentiable relayout), `layout_map.rs`, `comm.rs` (communication accounting),
+//! `visualize.rs` and `error.rs`.
 
 #![warn(missing_docs)]
 
-pub mod api;
-pub mod autodiff;
-pub mod backend;
-pub mod collective;
-pub mod comm;
-pub mod device;
-pub mod error;
-pub mod host;
-pub mod inner;
-pub mod layout;
-pub mod layout_map;
-pub mod mesh;
-pub mod ops;
-pub mod redistribute;
-pub mod rules;
-pub mod shard;
-pub mod stack;
-pub mod tensor;
+mod api;
+mod autodiff;
+mod backend;
+mod collective;
+mod comm;
+mod device;
+mod error;
+mod host;
+mod inner;
+mod layout;
+mod layout_map;
+mod mesh;
+mod ops;
+mod redistribute;
+mod rules;
+mod shard;
+mod stack;
+mod tensor;
+mod visualize;
 
-pub use api::{
-    DistributedOps, describe, distribute, distribute_int, from_local_shards, layout, layout_int,
-    relayout, relayout_int, to_local_shards,
-};
+pub use api::{DTensorExt, DistributedKind, DistributedOps, distribute, from_local_shards};
 pub use backend::DistributedBackend;
 pub use comm::{CollectiveKind, CommDebugMode, CommEvent, CommLog, record_comms};
 pub use device::DistributedDevice;
 pub use error::{DTensorError, Result};
-pub use layout::{Layout, ReduceOp, UNSHARDED};
-pub use layout_map::LayoutMap;
+pub use layout::{DimSpec, Layout, ReduceOp, UNSHARDED};
+pub use layout_map::{LayoutMap, LayoutReport, LayoutRule};
 pub use mesh::{Mesh, MeshTopology};
-pub use tensor::DTensor;
+pub use visualize::visualize_sharding;
+
+/// The CubeCL collective kernels' switch and launch counter (features `wgpu` / `cuda`).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod cube_kernels {
+    pub use crate::collective::cube::{kernel_launches, set_kernels_enabled};
+}

@@ -142,7 +142,7 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
     ///
     /// # Errors
     /// - [`DTensorError::DeviceCountMismatch`] when `devices.len()` is not the product of the sizes;
-    /// - [`DTensorError::AxisUsedTwice`] when an axis name repeats;
+    /// - [`DTensorError::DuplicateMeshAxis`] when an axis name repeats;
     /// - [`DTensorError::InvalidAxis`] for an empty name or a size of 0.
     pub fn new<S: Into<String>>(
         axes: impl IntoIterator<Item = (S, usize)>,
@@ -157,7 +157,7 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
                 });
             }
             if let Some(j) = axes[..i].iter().position(|(m, _)| m == n) {
-                return Err(DTensorError::AxisUsedTwice {
+                return Err(DTensorError::DuplicateMeshAxis {
                     axis: n.clone(),
                     first: j,
                     second: i,

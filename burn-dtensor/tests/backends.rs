@@ -9,7 +9,7 @@
 use burn::backend::NdArray;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData, Tolerance};
-use burn_dtensor::{DistributedBackend, Layout, Mesh, ReduceOp, distribute, relayout};
+use burn_dtensor::{DTensorExt, DistributedBackend, Layout, Mesh, ReduceOp, distribute};
 
 #[macro_use]
 mod common;
@@ -59,8 +59,8 @@ pub fn matmul<I: Backend>(device: I::Device) {
         let want = oracle(&da).matmul(oracle(&db)).into_data();
         for la in layouts(&m) {
             for lb in layouts(&m) {
-                let a: Tensor<DistributedBackend<I>, 2> = distribute(da.clone(), &m, &la).unwrap();
-                let b: Tensor<DistributedBackend<I>, 2> = distribute(db.clone(), &m, &lb).unwrap();
+                let a: Tensor<DistributedBackend<I>, 2> = distribute(da.clone(), &la).unwrap();
+                let b: Tensor<DistributedBackend<I>, 2> = distribute(db.clone(), &lb).unwrap();
                 a.matmul(b)
                     .into_data()
                     .convert::<f32>()
@@ -80,7 +80,7 @@ pub fn reductions<I: Backend>(device: I::Device) {
     {
         let d = data(shape, 3);
         let o = oracle(&d);
-        let t: Tensor<DistributedBackend<I>, 2> = distribute(d.clone(), &m, &l).unwrap();
+        let t: Tensor<DistributedBackend<I>, 2> = distribute(d.clone(), &l).unwrap();
         let c = |x: Tensor<DistributedBackend<I>, 2>, want: Tensor<NdArray, 2>| {
             x.into_data()
                 .convert::<f32>()
@@ -120,8 +120,8 @@ pub fn relayouts<I: Backend>(device: I::Device) {
         let want = d.clone().convert::<f32>();
         for from in layouts(&m) {
             for to in layouts(&m) {
-                let t: Tensor<DistributedBackend<I>, 2> = distribute(d.clone(), &m, &from).unwrap();
-                relayout(t, &to)
+                let t: Tensor<DistributedBackend<I>, 2> = distribute(d.clone(), &from).unwrap();
+                t.relayout(&to)
                     .unwrap()
                     .into_data()
                     .convert::<f32>()
@@ -137,9 +137,9 @@ pub fn relayouts<I: Backend>(device: I::Device) {
                 }
                 let p = Layout::replicated(&m, 2).with_partial(1, op);
                 let t: Tensor<DistributedBackend<I>, 2> =
-                    distribute(d.clone(), &m, &Layout::replicated(&m, 2)).unwrap();
-                let t = relayout(t, &p).unwrap();
-                relayout(t, &to)
+                    distribute(d.clone(), &Layout::replicated(&m, 2)).unwrap();
+                let t = t.relayout(&p).unwrap();
+                t.relayout(&to)
                     .unwrap()
                     .into_data()
                     .convert::<f32>()
@@ -158,15 +158,15 @@ pub fn sliced_shards<I: Backend>(device: I::Device) {
     let want_upd = (oracle(&dw) - oracle(&dg).mul_scalar(0.5)).into_data();
     for to in layouts(&m) {
         let x: Tensor<DistributedBackend<I>, 2> =
-            distribute(dx.clone(), &m, &Layout::replicated(&m, 2)).unwrap();
+            distribute(dx.clone(), &Layout::replicated(&m, 2)).unwrap();
         let w: Tensor<DistributedBackend<I>, 2> =
-            distribute(dw.clone(), &m, &Layout::replicated(&m, 2)).unwrap();
-        let w = relayout(w, &to).unwrap();
+            distribute(dw.clone(), &Layout::replicated(&m, 2)).unwrap();
+        let w = w.relayout(&to).unwrap();
         x.matmul(w.clone())
             .into_data()
             .convert::<f32>()
             .assert_approx_eq::<f32>(&want_mm, tol());
-        let g: Tensor<DistributedBackend<I>, 2> = distribute(dg.clone(), &m, &to).unwrap();
+        let g: Tensor<DistributedBackend<I>, 2> = distribute(dg.clone(), &to).unwrap();
         (w - g.mul_scalar(0.5))
             .into_data()
             .convert::<f32>()
@@ -194,10 +194,9 @@ pub fn gradients<I: Backend>(device: I::Device) {
         (["a", "b"], ["b", "unsharded"]),
         (["unsharded", "unsharded"], ["unsharded", "b"]),
     ] {
-        let x: Tensor<Ad<I>, 2> =
-            distribute(dx.clone(), &m, &Layout::new(&m, lx).unwrap()).unwrap();
+        let x: Tensor<Ad<I>, 2> = distribute(dx.clone(), &Layout::new(&m, lx).unwrap()).unwrap();
         let w: Tensor<Ad<I>, 2> =
-            distribute::<Ad<I>, 2>(dw.clone(), &m, &Layout::new(&m, lw).unwrap())
+            distribute::<Ad<I>, 2, burn::tensor::Float>(dw.clone(), &Layout::new(&m, lw).unwrap())
                 .unwrap()
                 .require_grad();
         let g = burn::tensor::activation::log_softmax(x.matmul(w.clone()), 1)
@@ -263,20 +262,25 @@ fn deferred_case<I: Backend, const D: usize>(
     let per_device = stacked.with_stacked_execution(false);
     let run = |m: &Mesh<I::Device>| {
         let x: Tensor<DistributedBackend<I>, D> =
-            distribute(dx.clone(), m, &Layout::new(m, lx).unwrap()).unwrap();
+            distribute(dx.clone(), &Layout::new(m, lx).unwrap()).unwrap();
         let w: Tensor<DistributedBackend<I>, D> =
-            distribute(dw.clone(), m, &Layout::new(m, lw).unwrap()).unwrap();
+            distribute(dw.clone(), &Layout::new(m, lw).unwrap()).unwrap();
         let mut scatter = ["unsharded"; D];
         scatter[D - 1] = "a";
         burn_dtensor::record_comms(|| {
             let y = x.clone().matmul(w.clone());
-            assert!(burn_dtensor::layout(&y).is_partial());
-            let shards: Vec<TensorData> = burn_dtensor::to_local_shards(y.clone())
+            assert!(y.layout().is_partial());
+            let shards: Vec<TensorData> = y
+                .clone()
+                .to_local_shards()
                 .into_iter()
                 .map(|s| s.into_data())
                 .collect();
             let sum = y.clone() + x.matmul(w.mul_scalar(2.0));
-            let scattered = relayout(y.clone(), &Layout::new(m, scatter).unwrap()).unwrap();
+            let scattered = y
+                .clone()
+                .relayout(&Layout::new(m, scatter).unwrap())
+                .unwrap();
             [y.into_data(), sum.into_data(), scattered.into_data()]
                 .into_iter()
                 .chain(shards)

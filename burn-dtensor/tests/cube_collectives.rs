@@ -11,10 +11,9 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
-use burn_dtensor::collective::cube::kernel_launches;
+use burn_dtensor::cube_kernels::kernel_launches;
 use burn_dtensor::{
-    DistributedBackend, Layout, Mesh, ReduceOp, distribute, distribute_int, from_local_shards,
-    relayout, relayout_int, to_local_shards,
+    DTensorExt, DistributedBackend, Layout, Mesh, ReduceOp, distribute, from_local_shards,
 };
 
 #[macro_use]
@@ -45,7 +44,7 @@ fn host_reduce(parts: &[Vec<f32>], op: ReduceOp) -> Vec<f32> {
 fn shards_f32<I: Backend, const D: usize>(
     t: Tensor<DistributedBackend<I>, D>,
 ) -> Vec<(Vec<usize>, Vec<f32>)> {
-    to_local_shards(t)
+    t.to_local_shards()
         .into_iter()
         .map(|s| {
             (
@@ -82,7 +81,7 @@ pub fn all_reduce_each_op<I: Backend>(device: I::Device) {
                 let partial = Layout::replicated(&mesh, 2).with_partial(0, op);
                 let t = from_local_shards(local, shape, &partial).unwrap();
                 let (out, l) =
-                    launches(|| shards_f32(relayout(t, &Layout::replicated(&mesh, 2)).unwrap()));
+                    launches(|| shards_f32(t.relayout(&Layout::replicated(&mesh, 2)).unwrap()));
                 assert_eq!(l, 1, "{k} devices, {shape:?}, {op:?}: one launch");
                 let want = host_reduce(&parts, op);
                 for (d, (dims, got)) in out.iter().enumerate() {
@@ -115,7 +114,10 @@ pub fn reduce_scatter_uneven<I: Backend>(device: I::Device) {
         )
         .unwrap();
         let (out, l) = launches(|| {
-            shards_f32(relayout(t, &Layout::new(&mesh, ["b", "unsharded"]).unwrap()).unwrap())
+            shards_f32(
+                t.relayout(&Layout::new(&mesh, ["b", "unsharded"]).unwrap())
+                    .unwrap(),
+            )
         });
         assert_eq!(l, 2, "{op:?}: one launch per group");
         for a in 0..2 {
@@ -152,9 +154,9 @@ pub fn all_gather_uneven<I: Backend>(device: I::Device) {
         let n: usize = shape.iter().product();
         let data = TensorData::new(values(n, 5), shape);
         let t: Tensor<DistributedBackend<I>, 3> =
-            distribute(data.clone(), &mesh, &Layout::new(&mesh, spec).unwrap()).unwrap();
+            distribute(data.clone(), &Layout::new(&mesh, spec).unwrap()).unwrap();
         let groups = if spec[0] == "a" { 2 + 3 } else { 2 };
-        let (out, l) = launches(|| shards_f32(relayout(t, &Layout::replicated(&mesh, 3)).unwrap()));
+        let (out, l) = launches(|| shards_f32(t.relayout(&Layout::replicated(&mesh, 3)).unwrap()));
         assert_eq!(
             l, groups,
             "{shape:?} {spec:?}: one launch per group and gathered axis"
@@ -170,9 +172,9 @@ pub fn all_gather_uneven<I: Backend>(device: I::Device) {
 
         let ints = TensorData::new((0..n as i32).map(|i| i * 7 - 40).collect::<Vec<_>>(), shape);
         let t: Tensor<DistributedBackend<I>, 3, Int> =
-            distribute_int(ints.clone(), &mesh, &Layout::new(&mesh, spec).unwrap()).unwrap();
+            distribute(ints.clone(), &Layout::new(&mesh, spec).unwrap()).unwrap();
         let (got, l) = launches(|| {
-            relayout_int(t, &Layout::replicated(&mesh, 3))
+            t.relayout(&Layout::replicated(&mesh, 3))
                 .unwrap()
                 .into_data()
         });
@@ -193,14 +195,13 @@ pub fn all_to_all_uneven<I: Backend>(device: I::Device) {
         .with_stacked_execution(false);
     let data = TensorData::new(values(35, 9), [7, 5]);
     let full = data.to_vec::<f32>().unwrap();
-    let t: Tensor<DistributedBackend<I>, 2> = distribute(
-        data,
-        &mesh,
-        &Layout::new(&mesh, ["x", "unsharded"]).unwrap(),
-    )
-    .unwrap();
+    let t: Tensor<DistributedBackend<I>, 2> =
+        distribute(data, &Layout::new(&mesh, ["x", "unsharded"]).unwrap()).unwrap();
     let (out, l) = launches(|| {
-        shards_f32(relayout(t, &Layout::new(&mesh, ["unsharded", "x"]).unwrap()).unwrap())
+        shards_f32(
+            t.relayout(&Layout::new(&mesh, ["unsharded", "x"]).unwrap())
+                .unwrap(),
+        )
     });
     assert_eq!(l, 3, "one launch per device");
     for (d, cols) in [0..2usize, 2..4, 4..5].into_iter().enumerate() {
@@ -228,11 +229,12 @@ pub fn partial_matmul<I: Backend>(device: I::Device) {
         .into_data()
         .convert::<f32>();
     let da: Tensor<DistributedBackend<I>, 2> =
-        distribute(a, &mesh, &Layout::new(&mesh, ["unsharded", "x"]).unwrap()).unwrap();
+        distribute(a, &Layout::new(&mesh, ["unsharded", "x"]).unwrap()).unwrap();
     let db: Tensor<DistributedBackend<I>, 2> =
-        distribute(b, &mesh, &Layout::new(&mesh, ["x", "unsharded"]).unwrap()).unwrap();
+        distribute(b, &Layout::new(&mesh, ["x", "unsharded"]).unwrap()).unwrap();
     let (got, l) = launches(|| {
-        relayout(da.matmul(db), &Layout::replicated(&mesh, 2))
+        da.matmul(db)
+            .relayout(&Layout::replicated(&mesh, 2))
             .unwrap()
             .into_data()
     });

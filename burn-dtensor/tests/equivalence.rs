@@ -19,11 +19,9 @@ use burn::backend::ndarray::NdArrayDevice;
 use burn::tensor::activation::{log_softmax, relu, sigmoid, softmax};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Distribution, IndexingUpdateOp, Int, Slice, Tensor, TensorData};
-use burn_dtensor::shard::local_ranges;
 use burn_dtensor::{
-    CollectiveKind, DTensorError, DistributedBackend, DistributedDevice, DistributedOps, Layout,
-    Mesh, ReduceOp, UNSHARDED, describe, distribute, distribute_int, layout, layout_int,
-    record_comms, relayout, relayout_int, to_local_shards,
+    CollectiveKind, DTensorError, DTensorExt, DistributedBackend, DistributedDevice,
+    DistributedOps, Layout, Mesh, ReduceOp, UNSHARDED, distribute, record_comms,
 };
 use proptest::prelude::*;
 
@@ -176,20 +174,20 @@ fn int_data(shape: &[usize], seed: u64, hi: usize) -> TensorData {
 
 /// The distributed tensor: `distribute` under the settled layout, then (for a partial layout)
 /// `relayout` to it.
-fn dist<const D: usize>(m: &Mesh<Dev>, d: &TensorData, l: &Layout) -> Tensor<DB, D> {
-    let t: Tensor<DB, D> = distribute(d.clone(), m, &l.without_partial()).unwrap();
+fn dist<const D: usize>(d: &TensorData, l: &Layout) -> Tensor<DB, D> {
+    let t: Tensor<DB, D> = distribute(d.clone(), &l.without_partial()).unwrap();
     let t = if l.is_partial() {
-        relayout(t, l).unwrap()
+        t.relayout(l).unwrap()
     } else {
         t
     };
-    assert_eq!(&layout(&t), l);
+    assert_eq!(&t.layout(), l);
     t
 }
 
-fn dist_int<const D: usize>(m: &Mesh<Dev>, d: &TensorData, l: &Layout) -> Tensor<DB, D, Int> {
-    let t: Tensor<DB, D, Int> = distribute_int(d.clone(), m, l).unwrap();
-    assert_eq!(&layout_int(&t), l);
+fn dist_int<const D: usize>(d: &TensorData, l: &Layout) -> Tensor<DB, D, Int> {
+    let t: Tensor<DB, D, Int> = distribute(d.clone(), l).unwrap();
+    assert_eq!(&t.layout(), l);
     t
 }
 
@@ -254,7 +252,7 @@ fn extract<T: Copy>(v: &[T], shape: &[usize], ranges: &[Range<usize>]) -> Vec<T>
 }
 
 fn check<const D: usize>(what: &str, got: Tensor<DB, D>, want: Tensor<N, D>) {
-    let desc = describe(&got);
+    let desc = got.describe();
     let want = want.into_data();
     let shape = want.shape.to_vec();
     let w: Vec<f32> = want.to_vec().unwrap();
@@ -262,15 +260,15 @@ fn check<const D: usize>(what: &str, got: Tensor<DB, D>, want: Tensor<N, D>) {
     let g: Vec<f32> = got.clone().into_data().to_vec().unwrap();
     close(&g, &w).unwrap_or_else(|e| panic!("{what} -> {desc}: {e}"));
     // Every device's own shard (a partial result is settled first).
-    let l = layout(&got);
+    let l = got.layout();
     let settled = if l.is_partial() {
-        relayout(got, &l.without_partial()).unwrap()
+        got.relayout(&l.without_partial()).unwrap()
     } else {
         got
     };
-    let sl = layout(&settled);
-    for (i, s) in to_local_shards(settled).into_iter().enumerate() {
-        let ranges = local_ranges(&sl, &shape, i);
+    let sl = settled.layout();
+    for (i, s) in settled.to_local_shards().into_iter().enumerate() {
+        let ranges = sl.shard_ranges(&shape, i);
         let lens: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
         assert_eq!(s.dims().to_vec(), lens, "{what} -> {desc}: shard {i} shape");
         let v: Vec<f32> = s.into_data().to_vec().unwrap();
@@ -280,7 +278,7 @@ fn check<const D: usize>(what: &str, got: Tensor<DB, D>, want: Tensor<N, D>) {
 }
 
 fn check_int<const D: usize>(what: &str, got: Tensor<DB, D, Int>, want: Tensor<N, D, Int>) {
-    let l = layout_int(&got);
+    let l = got.layout();
     let g: Vec<i64> = got.into_data().convert::<i64>().to_vec().unwrap();
     let w: Vec<i64> = want.into_data().convert::<i64>().to_vec().unwrap();
     assert_eq!(g, w, "{what} (layout {l})");
@@ -328,7 +326,7 @@ fn mesh_strat() -> impl Strategy<Value = usize> {
 fn unary_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ls: &LSpec, seed: u64) {
     let d = data(shape, seed);
     let l = build(m, D, ls);
-    let x = || dist::<D>(m, &d, &l);
+    let x = || dist::<D>(&d, &l);
     let o = || orc::<D>(&d);
     check("exp", x().exp(), o().exp());
     check("tanh", x().tanh(), o().tanh());
@@ -387,8 +385,8 @@ fn binary_case<const D: usize>(
         }
         lb = l;
     }
-    let a = || dist::<D>(m, &da, &la);
-    let b = || dist::<D>(m, &db, &lb);
+    let a = || dist::<D>(&da, &la);
+    let b = || dist::<D>(&db, &lb);
     let (oa, ob) = (|| orc::<D>(&da), || orc::<D>(&db));
     check("add", a().add(b()), oa().add(ob()));
     check("sub", a().sub(b()), oa().sub(ob()));
@@ -422,9 +420,9 @@ fn compare_mask_case<const D: usize>(
         data(shape, seed ^ 0xC),
     );
     let (la, lb, lc) = (build(m, D, la), build(m, D, lb), build(m, D, lc));
-    let a = || dist::<D>(m, &da, &la);
-    let b = || dist::<D>(m, &db, &lb);
-    let c = || dist::<D>(m, &dc, &lc);
+    let a = || dist::<D>(&da, &la);
+    let b = || dist::<D>(&db, &lb);
+    let c = || dist::<D>(&dc, &lc);
     let (oa, ob, oc) = (|| orc::<D>(&da), || orc::<D>(&db), || orc::<D>(&dc));
     check_bool("greater", a().greater(b()), oa().greater(ob()));
     check_bool("lower_equal", a().lower_equal(b()), oa().lower_equal(ob()));
@@ -497,8 +495,8 @@ fn binary_every_layout_pair() {
         for la in &ls {
             for lb in &ls {
                 let ctx = format!("{la} . {lb}");
-                let a = || dist::<2>(&m, &da, la);
-                let b = || dist::<2>(&m, &db, lb);
+                let a = || dist::<2>(&da, la);
+                let b = || dist::<2>(&db, lb);
                 let (oa, ob) = (|| orc::<2>(&da), || orc::<2>(&db));
                 check(&format!("add {ctx}"), a().add(b()), oa().add(ob()));
                 check(&format!("sub {ctx}"), a().sub(b()), oa().sub(ob()));
@@ -541,16 +539,9 @@ proptest! {
 // Matmul
 // ---------------------------------------------------------------------------------------------
 
-fn matmul_case<const D: usize>(
-    m: &Mesh<Dev>,
-    ls: &[usize],
-    rs: &[usize],
-    la: &Layout,
-    lb: &Layout,
-    seed: u64,
-) {
+fn matmul_case<const D: usize>(ls: &[usize], rs: &[usize], la: &Layout, lb: &Layout, seed: u64) {
     let (da, db) = (data(ls, seed), data(rs, seed ^ 0xB));
-    let got = dist::<D>(m, &da, la).matmul(dist::<D>(m, &db, lb));
+    let got = dist::<D>(&da, la).matmul(dist::<D>(&db, lb));
     check(
         &format!("matmul {la} x {lb}"),
         got,
@@ -594,7 +585,7 @@ fn matmul_every_layout_pair() {
         let l2 = all_layouts(&m, 2);
         for la in &l2 {
             for lb in &l2 {
-                matmul_case::<2>(&m, &[5, 3], &[3, 7], la, lb, 1);
+                matmul_case::<2>(&[5, 3], &[3, 7], la, lb, 1);
             }
         }
     }
@@ -603,7 +594,7 @@ fn matmul_every_layout_pair() {
     assert_eq!(l3.len(), 34);
     for la in &l3 {
         for lb in &l3 {
-            matmul_case::<3>(&m, &[3, 5, 7], &[3, 7, 2], la, lb, 2);
+            matmul_case::<3>(&[3, 5, 7], &[3, 7, 2], la, lb, 2);
         }
     }
 }
@@ -615,7 +606,7 @@ proptest! {
     fn matmul_2d(mi in mesh_strat(), mkn in prop::collection::vec(1usize..=9, 3), la in lspec(), lb in lspec(), seed in any::<u64>()) {
         let m = mesh(mi);
         let (ls, rs) = ([mkn[0], mkn[1]], [mkn[1], mkn[2]]);
-        matmul_case::<2>(&m, &ls, &rs, &build(&m, 2, &la), &build(&m, 2, &lb), seed);
+        matmul_case::<2>(&ls, &rs, &build(&m, 2, &la), &build(&m, 2, &lb), seed);
     }
 
     #[test]
@@ -629,10 +620,10 @@ proptest! {
         let (lb0, rb0) = match bcast { 0 => (b0, b0), 1 => (1, b0), _ => (b0, 1) };
         if rank4 {
             let (ls, rs) = ([lb0, b1, mm, k], [rb0, b1, k, n]);
-            matmul_case::<4>(&m, &ls, &rs, &build(&m, 4, &la), &build(&m, 4, &lb), seed);
+            matmul_case::<4>(&ls, &rs, &build(&m, 4, &la), &build(&m, 4, &lb), seed);
         } else {
             let (ls, rs) = ([lb0, mm, k], [rb0, k, n]);
-            matmul_case::<3>(&m, &ls, &rs, &build(&m, 3, &la), &build(&m, 3, &lb), seed);
+            matmul_case::<3>(&ls, &rs, &build(&m, 3, &la), &build(&m, 3, &lb), seed);
         }
     }
 }
@@ -645,7 +636,7 @@ fn reduce_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ls: &LSpec, dim: 
     let dim = dim % D;
     let d = data(shape, seed);
     let l = build(m, D, ls);
-    let x = || dist::<D>(m, &d, &l);
+    let x = || dist::<D>(&d, &l);
     let o = || orc::<D>(&d);
     check("sum", x().sum(), o().sum());
     check("mean", x().mean(), o().mean());
@@ -702,8 +693,8 @@ fn int_case<const D: usize>(
         shape.to_vec(),
     );
     let (la, lb) = (build(m, D, la), build(m, D, lb));
-    let a = || dist_int::<D>(m, &da, &la);
-    let b = || dist_int::<D>(m, &db, &lb);
+    let a = || dist_int::<D>(&da, &la);
+    let b = || dist_int::<D>(&db, &lb);
     let (oa, ob) = (|| orc_int::<D>(&da), || orc_int::<D>(&db));
     check_int("int add", a().add(b()), oa().add(ob()));
     check_int("int sub", a().sub(b()), oa().sub(ob()));
@@ -740,7 +731,7 @@ proptest! {
     fn int_matmul(mi in mesh_strat(), mkn in prop::collection::vec(1usize..=9, 3), la in lspec(), lb in lspec(), seed in any::<u64>()) {
         let m = mesh(mi);
         let (da, db) = (int_data(&[mkn[0], mkn[1]], seed, 5), int_data(&[mkn[1], mkn[2]], seed ^ 1, 5));
-        let got = dist_int::<2>(&m, &da, &build(&m, 2, &la)).matmul(dist_int::<2>(&m, &db, &build(&m, 2, &lb)));
+        let got = dist_int::<2>(&da, &build(&m, 2, &la)).matmul(dist_int::<2>(&db, &build(&m, 2, &lb)));
         check_int("int matmul", got, orc_int::<2>(&da).matmul(orc_int::<2>(&db)));
     }
 
@@ -768,7 +759,7 @@ fn permute_case<const D: usize>(
 ) {
     let d = data(shape, seed);
     let l = build(m, D, ls);
-    let x = || dist::<D>(m, &d, &l);
+    let x = || dist::<D>(&d, &l);
     let o = || orc::<D>(&d);
     let perm: Vec<usize> = perm.iter().copied().filter(|&p| p < D).collect();
     let (d1, d2) = (perm[0], perm[D - 1]);
@@ -788,13 +779,8 @@ fn permute_case<const D: usize>(
     );
 }
 
-fn reshape_to<const D: usize, const D2: usize>(
-    m: &Mesh<Dev>,
-    d: &TensorData,
-    l: &Layout,
-    to: &[usize],
-) {
-    let got = dist::<D>(m, d, l).reshape(arr::<D2>(to));
+fn reshape_to<const D: usize, const D2: usize>(d: &TensorData, l: &Layout, to: &[usize]) {
+    let got = dist::<D>(d, l).reshape(arr::<D2>(to));
     check(
         &format!("reshape {:?} ({l}) -> {to:?}", d.shape),
         got,
@@ -802,13 +788,13 @@ fn reshape_to<const D: usize, const D2: usize>(
     );
 }
 
-fn reshape_from<const D: usize>(m: &Mesh<Dev>, d: &TensorData, l: &Layout, to: &[usize]) {
+fn reshape_from<const D: usize>(d: &TensorData, l: &Layout, to: &[usize]) {
     match to.len() {
-        1 => reshape_to::<D, 1>(m, d, l, to),
-        2 => reshape_to::<D, 2>(m, d, l, to),
-        3 => reshape_to::<D, 3>(m, d, l, to),
-        4 => reshape_to::<D, 4>(m, d, l, to),
-        5 => reshape_to::<D, 5>(m, d, l, to),
+        1 => reshape_to::<D, 1>(d, l, to),
+        2 => reshape_to::<D, 2>(d, l, to),
+        3 => reshape_to::<D, 3>(d, l, to),
+        4 => reshape_to::<D, 4>(d, l, to),
+        5 => reshape_to::<D, 5>(d, l, to),
         r => unreachable!("rank {r}"),
     }
 }
@@ -869,9 +855,9 @@ fn view_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ls: &LSpec, seed: u
     let d = data(shape, seed);
     let l = build(m, D, ls);
     for to in reshape_targets(shape, seed) {
-        reshape_from::<D>(m, &d, &l, &to);
+        reshape_from::<D>(&d, &l, &to);
     }
-    let x = || dist::<D>(m, &d, &l);
+    let x = || dist::<D>(&d, &l);
     let o = || orc::<D>(&d);
     check(
         "flatten",
@@ -889,22 +875,22 @@ fn view_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ls: &LSpec, seed: u
     match D {
         1 => check(
             "unsqueeze_dim",
-            dist::<1>(m, &d, &l).unsqueeze_dim::<2>(pos),
+            dist::<1>(&d, &l).unsqueeze_dim::<2>(pos),
             orc::<1>(&d).unsqueeze_dim::<2>(pos),
         ),
         2 => check(
             "unsqueeze_dim",
-            dist::<2>(m, &d, &l).unsqueeze_dim::<3>(pos),
+            dist::<2>(&d, &l).unsqueeze_dim::<3>(pos),
             orc::<2>(&d).unsqueeze_dim::<3>(pos),
         ),
         3 => check(
             "unsqueeze_dim",
-            dist::<3>(m, &d, &l).unsqueeze_dim::<4>(pos),
+            dist::<3>(&d, &l).unsqueeze_dim::<4>(pos),
             orc::<3>(&d).unsqueeze_dim::<4>(pos),
         ),
         _ => check(
             "unsqueeze_dim",
-            dist::<4>(m, &d, &l).unsqueeze_dim::<5>(pos),
+            dist::<4>(&d, &l).unsqueeze_dim::<5>(pos),
             orc::<4>(&d).unsqueeze_dim::<5>(pos),
         ),
     }
@@ -923,19 +909,19 @@ fn expand_case<const D: usize>(
     let l = build(m, D, ls);
     check(
         "expand",
-        dist::<D>(m, &d, &l).expand(arr::<D>(shape)),
+        dist::<D>(&d, &l).expand(arr::<D>(shape)),
         orc::<D>(&d).expand(arr::<D>(shape)),
     );
     let reps: Vec<usize> = (0..D).map(|i| 1 + (seed as usize >> (2 * i)) % 3).collect();
     check(
         "repeat",
-        dist::<D>(m, &d, &l).repeat(&reps),
+        dist::<D>(&d, &l).repeat(&reps),
         orc::<D>(&d).repeat(&reps),
     );
     let dim = seed as usize % D;
     check(
         "repeat_dim",
-        dist::<D>(m, &d, &l).repeat_dim(dim, 3),
+        dist::<D>(&d, &l).repeat_dim(dim, 3),
         orc::<D>(&d).repeat_dim(dim, 3),
     );
     // Expanding to one more (leading) dim.
@@ -944,22 +930,22 @@ fn expand_case<const D: usize>(
     match D {
         1 => check(
             "expand+1",
-            dist::<1>(m, &d, &l).expand(arr::<2>(&big)),
+            dist::<1>(&d, &l).expand(arr::<2>(&big)),
             orc::<1>(&d).expand(arr::<2>(&big)),
         ),
         2 => check(
             "expand+1",
-            dist::<2>(m, &d, &l).expand(arr::<3>(&big)),
+            dist::<2>(&d, &l).expand(arr::<3>(&big)),
             orc::<2>(&d).expand(arr::<3>(&big)),
         ),
         3 => check(
             "expand+1",
-            dist::<3>(m, &d, &l).expand(arr::<4>(&big)),
+            dist::<3>(&d, &l).expand(arr::<4>(&big)),
             orc::<3>(&d).expand(arr::<4>(&big)),
         ),
         _ => check(
             "expand+1",
-            dist::<4>(m, &d, &l).expand(arr::<5>(&big)),
+            dist::<4>(&d, &l).expand(arr::<5>(&big)),
             orc::<4>(&d).expand(arr::<5>(&big)),
         ),
     }
@@ -998,7 +984,7 @@ fn index_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ls: &LSpec, li: &L
     let mut r = Rng(seed ^ 0x5EED);
     let d = data(shape, seed);
     let l = build(m, D, ls);
-    let x = || dist::<D>(m, &d, &l);
+    let x = || dist::<D>(&d, &l);
     let o = || orc::<D>(&d);
     let dim = r.below(D);
 
@@ -1045,7 +1031,7 @@ fn index_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ls: &LSpec, li: &L
     let gl = build(m, D, li);
     check(
         "gather",
-        x().gather(dim, dist_int::<D>(m, &gi, &gl)),
+        x().gather(dim, dist_int::<D>(&gi, &gl)),
         o().gather(dim, orc_int::<D>(&gi)),
     );
 
@@ -1067,7 +1053,7 @@ fn index_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ls: &LSpec, li: &L
     );
     check(
         "slice_assign",
-        x().slice_assign(&slices, dist::<D>(m, &dv, &lv)),
+        x().slice_assign(&slices, dist::<D>(&dv, &lv)),
         o().slice_assign(&slices, orc::<D>(&dv)),
     );
     let sv = data(&ishape, seed ^ 0x8);
@@ -1075,8 +1061,8 @@ fn index_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ls: &LSpec, li: &L
         "scatter add",
         x().scatter(
             dim,
-            dist_int::<D>(m, &gi, &gl),
-            dist::<D>(m, &sv, &lv),
+            dist_int::<D>(&gi, &gl),
+            dist::<D>(&sv, &lv),
             IndexingUpdateOp::Add,
         ),
         o().scatter(dim, orc_int::<D>(&gi), orc::<D>(&sv), IndexingUpdateOp::Add),
@@ -1089,7 +1075,7 @@ fn index_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ls: &LSpec, li: &L
         x().select_assign(
             dim,
             Tensor::<DB, 1, Int>::from_data(idx.clone(), &mdev(m)),
-            dist::<D>(m, &dsel, &lv),
+            dist::<D>(&dsel, &lv),
             IndexingUpdateOp::Add,
         ),
         o().select_assign(
@@ -1114,10 +1100,7 @@ fn index_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ls: &LSpec, li: &L
     );
     let d3 = data(shape, seed ^ 0x3);
     let l3 = build(m, D, li);
-    let got = Tensor::cat(
-        vec![x(), dist::<D>(m, &d2, &l2), dist::<D>(m, &d3, &l3)],
-        dim,
-    );
+    let got = Tensor::cat(vec![x(), dist::<D>(&d2, &l2), dist::<D>(&d3, &l3)], dim);
     check(
         "cat",
         got,
@@ -1144,8 +1127,8 @@ proptest! {
     fn cross_entropy_pattern(mi in mesh_strat(), n in 1usize..=9, c in 1usize..=9, ll in lspec(), lt in lspec_settled(), seed in any::<u64>()) {
         let m = mesh(mi);
         let (dl, dt) = (data(&[n, c], seed), int_data(&[n], seed ^ 1, c));
-        let logits = dist::<2>(&m, &dl, &build(&m, 2, &ll));
-        let targets = dist_int::<1>(&m, &dt, &build(&m, 1, &lt));
+        let logits = dist::<2>(&dl, &build(&m, 2, &ll));
+        let targets = dist_int::<1>(&dt, &build(&m, 1, &lt));
         let got = log_softmax(logits, 1).gather(1, targets.reshape([n, 1])).reshape([n]).mean().neg();
         let want = log_softmax(orc::<2>(&dl), 1).gather(1, orc_int::<1>(&dt).reshape([n, 1])).reshape([n]).mean().neg();
         check("cross-entropy", got, want);
@@ -1165,17 +1148,17 @@ fn creation_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ls: &LSpec) {
     let s = arr::<D>(shape);
     check(
         "zeros",
-        relayout(Tensor::<DB, D>::zeros(s, &dv), &l).unwrap(),
+        Tensor::<DB, D>::zeros(s, &dv).relayout(&l).unwrap(),
         Tensor::<N, D>::zeros(s, &Dev::default()),
     );
     check(
         "ones",
-        relayout(Tensor::<DB, D>::ones(s, &dv), &l).unwrap(),
+        Tensor::<DB, D>::ones(s, &dv).relayout(&l).unwrap(),
         Tensor::<N, D>::ones(s, &Dev::default()),
     );
     check(
         "full",
-        relayout(Tensor::<DB, D>::full(s, -2.5, &dv), &l).unwrap(),
+        Tensor::<DB, D>::full(s, -2.5, &dv).relayout(&l).unwrap(),
         Tensor::<N, D>::full(s, -2.5, &Dev::default()),
     );
     let (got, want) = {
@@ -1190,7 +1173,7 @@ fn creation_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ls: &LSpec) {
     got.clone()
         .into_data()
         .assert_eq(&want.clone().into_data(), true);
-    check("random", relayout(got, &l).unwrap(), want);
+    check("random", got.relayout(&l).unwrap(), want);
 }
 
 fn relayout_case<const D: usize>(
@@ -1203,16 +1186,16 @@ fn relayout_case<const D: usize>(
 ) {
     let d = data(shape, seed);
     let (lf, lt, lt2) = (build(m, D, from), build(m, D, to), build(m, D, to2));
-    let x = dist::<D>(m, &d, &lf);
-    let y = relayout(x, &lt).unwrap();
-    assert_eq!(layout(&y), lt);
+    let x = dist::<D>(&d, &lf);
+    let y = x.relayout(&lt).unwrap();
+    assert_eq!(y.layout(), lt);
     check(&format!("relayout {lf} -> {lt}"), y.clone(), orc::<D>(&d));
-    let z = relayout(y, &lt2).unwrap();
+    let z = y.relayout(&lt2).unwrap();
     check(&format!("relayout {lf} -> {lt} -> {lt2}"), z, orc::<D>(&d));
     // Int tensors (settled layouts).
     let di = int_data(shape, seed, 100);
-    let xi = dist_int::<D>(m, &di, &lf.without_partial());
-    let yi = relayout_int(xi, &lt.without_partial()).unwrap();
+    let xi = dist_int::<D>(&di, &lf.without_partial());
+    let yi = xi.relayout(&lt.without_partial()).unwrap();
     check_int("relayout_int", yi, orc_int::<D>(&di));
 }
 
@@ -1241,15 +1224,26 @@ fn typed_errors() {
     let m = mesh(5); // x=2, y=4
     let other = mesh(6); // r=4, c=2
     let t: Tensor<DB, 2> =
-        distribute(data(&[4, 4], 1), &m, &Layout::new(&m, ["x", "y"]).unwrap()).unwrap();
+        distribute(data(&[4, 4], 1), &Layout::new(&m, ["x", "y"]).unwrap()).unwrap();
     // Relayout to a layout of another mesh.
-    let e = relayout(t.clone(), &Layout::new(&other, ["r", "unsharded"]).unwrap()).unwrap_err();
+    let e = t
+        .clone()
+        .relayout(&Layout::new(&other, ["r", "unsharded"]).unwrap())
+        .unwrap_err();
     assert!(matches!(e, DTensorError::MeshMismatch { .. }), "{e}");
-    // distribute with a layout of another mesh.
-    let e = distribute::<DB, 2>(data(&[4, 4], 1), &m, &Layout::replicated(&other, 2)).unwrap_err();
-    assert!(matches!(e, DTensorError::MeshMismatch { .. }), "{e}");
+    // distribute with a layout whose mesh is not a mesh of the backend's devices.
+    let foreign = Mesh::virtual_devices([("x", 2)], ()).unwrap();
+    let e = distribute::<DB, 2, burn::tensor::Float>(
+        data(&[4, 4], 1),
+        &Layout::replicated(&foreign, 2),
+    )
+    .unwrap_err();
+    assert!(matches!(e, DTensorError::UnknownMesh { .. }), "{e}");
     // Rank mismatches.
-    let e = relayout(t.clone(), &Layout::new(&m, ["x"]).unwrap()).unwrap_err();
+    let e = t
+        .clone()
+        .relayout(&Layout::new(&m, ["x"]).unwrap())
+        .unwrap_err();
     assert_eq!(
         e,
         DTensorError::RankMismatch {
@@ -1257,9 +1251,11 @@ fn typed_errors() {
             tensor_rank: 2
         }
     );
-    let e = distribute::<DB, 3>(data(&[4, 4], 1), &m, &Layout::replicated(&m, 3)).unwrap_err();
+    let e = distribute::<DB, 3, burn::tensor::Float>(data(&[4, 4], 1), &Layout::replicated(&m, 3))
+        .unwrap_err();
     assert!(matches!(e, DTensorError::RankMismatch { .. }), "{e}");
-    let e = distribute::<DB, 2>(data(&[4, 4], 1), &m, &Layout::replicated(&m, 3)).unwrap_err();
+    let e = distribute::<DB, 2, burn::tensor::Float>(data(&[4, 4], 1), &Layout::replicated(&m, 3))
+        .unwrap_err();
     assert!(matches!(e, DTensorError::RankMismatch { .. }), "{e}");
     // Unknown axis, axis used twice.
     let e = Layout::new(&m, ["x", "model"]).unwrap_err();
@@ -1294,7 +1290,15 @@ fn typed_errors() {
         "{e}"
     );
     let e = Mesh::new([("x", 2), ("x", 2)], vec![Dev::default(); 4]).unwrap_err();
-    assert!(matches!(e, DTensorError::AxisUsedTwice { .. }), "{e}");
+    assert_eq!(
+        e,
+        DTensorError::DuplicateMeshAxis {
+            axis: "x".into(),
+            first: 0,
+            second: 1
+        }
+    );
+    assert!(e.to_string().contains("defined twice in the mesh"), "{e}");
     let e = Mesh::new([("x", 0)], Vec::<Dev>::new()).unwrap_err();
     assert!(matches!(e, DTensorError::InvalidAxis { .. }), "{e}");
     // The original tensor is untouched by the refused relayouts.
@@ -1310,11 +1314,11 @@ fn batch_sharded_matmul_by_replicated_weight_runs_no_collective() {
     let m = mesh(6); // r=4, c=2
     for (n, k, o) in [(8, 5, 3), (10, 7, 2), (3, 4, 4)] {
         let (dx, dw) = (data(&[n, k], 1), data(&[k, o], 2));
-        let x = dist::<2>(&m, &dx, &Layout::batch_sharded(&m, "r", 2).unwrap());
-        let w = dist::<2>(&m, &dw, &Layout::replicated(&m, 2));
+        let x = dist::<2>(&dx, &Layout::batch_sharded(&m, "r", 2).unwrap());
+        let w = dist::<2>(&dw, &Layout::replicated(&m, 2));
         let (y, log) = record_comms(|| x.matmul(w));
         assert!(log.events.is_empty(), "{log}");
-        assert_eq!(layout(&y), Layout::batch_sharded(&m, "r", 2).unwrap());
+        assert_eq!(y.layout(), Layout::batch_sharded(&m, "r", 2).unwrap());
         check("x@w", y, orc::<2>(&dx).matmul(orc::<2>(&dw)));
     }
 }
@@ -1324,17 +1328,17 @@ fn a_partial_used_twice_is_reduced_once() {
     let m = mesh(5); // x=2, y=4
     let (da, db) = (data(&[6, 8], 1), data(&[8, 5], 2));
     // A contracting dim sharded on both sides: a partial sum over `y`.
-    let a = dist::<2>(&m, &da, &Layout::new(&m, ["x", "y"]).unwrap());
-    let b = dist::<2>(&m, &db, &Layout::new(&m, ["y", "unsharded"]).unwrap());
+    let a = dist::<2>(&da, &Layout::new(&m, ["x", "y"]).unwrap());
+    let b = dist::<2>(&db, &Layout::new(&m, ["y", "unsharded"]).unwrap());
     let (p, log) = record_comms(|| a.matmul(b));
     assert!(log.events.is_empty(), "{log}");
-    assert!(layout(&p).is_partial(), "{}", describe(&p));
+    assert!(p.layout().is_partial(), "{}", p.describe());
     // Every consumer shares one memoised reduction, linear ones included (the Adam pattern:
     // `g * (1 - beta1)` and `g^2` of one gradient cost one all-reduce, not two).
     let (q, log) = record_comms(|| p.clone().mul_scalar(2.0).neg());
     assert_eq!(log.count(CollectiveKind::AllReduce), 1, "{log}");
     assert_eq!(log.events.len(), 1, "{log}");
-    assert!(!layout(&q).is_partial(), "{}", describe(&q));
+    assert!(!q.layout().is_partial(), "{}", q.describe());
     let p2 = p.clone();
     let ((e, t), log) = record_comms(|| (p.exp(), p2.tanh()));
     assert!(log.events.is_empty(), "{log}");
@@ -1349,7 +1353,6 @@ fn a_reduced_partial_feeds_linear_ops_settled() {
     let m = mesh(1); // a=2
     let d = data(&[3, 4], 5);
     let p = dist::<2>(
-        &m,
         &d,
         &Layout::replicated(&m, 2).with_partial(0, ReduceOp::Sum),
     );
@@ -1359,7 +1362,7 @@ fn a_reduced_partial_feeds_linear_ops_settled() {
     // at no cost, instead of a new partial sum that would be reduced again.
     let (q, log) = record_comms(|| p.mul_scalar(0.1).reshape([12]));
     assert!(log.events.is_empty(), "{log}");
-    assert!(!layout(&q).is_partial(), "{}", describe(&q));
+    assert!(!q.layout().is_partial(), "{}", q.describe());
     check("exp", e, orc::<2>(&d).exp());
     check("scaled", q, orc::<2>(&d).mul_scalar(0.1).reshape([12]));
 }
@@ -1371,11 +1374,10 @@ fn a_broadcast_partial_is_reduced_before_broadcasting() {
     // A partial `[1, 6]` (a batch sum) times a batch-sharded `[10, 6]`: one small all-reduce,
     // not a reduce-scatter of the `[10, 6]` product.
     let g = dist::<2>(
-        &m,
         &dg,
         &Layout::replicated(&m, 2).with_partial(0, ReduceOp::Sum),
     );
-    let x = dist::<2>(&m, &dx, &Layout::batch_sharded(&m, "a", 2).unwrap());
+    let x = dist::<2>(&dx, &Layout::batch_sharded(&m, "a", 2).unwrap());
     let (y, log) = record_comms(|| g.clone().mul(x.clone()).add(x.clone()));
     assert_eq!(log.events.len(), 1, "{log}");
     assert_eq!(
@@ -1389,7 +1391,6 @@ fn a_broadcast_partial_is_reduced_before_broadcasting() {
         orc::<2>(&dg).mul(orc::<2>(&dx)).add(orc::<2>(&dx)),
     );
     let g = dist::<2>(
-        &m,
         &dg,
         &Layout::replicated(&m, 2).with_partial(0, ReduceOp::Sum),
     );
@@ -1410,13 +1411,13 @@ fn scatter_into_replicated_zeros_keeps_the_index_sharding() {
     let m = mesh(2); // a=4
     let (di, dv) = (int_data(&[10, 1], 1, 3), data(&[10, 1], 2));
     let l = Layout::batch_sharded(&m, "a", 2).unwrap();
-    let idx = dist_int::<2>(&m, &di, &l);
-    let v = dist::<2>(&m, &dv, &l);
+    let idx = dist_int::<2>(&di, &l);
+    let v = dist::<2>(&dv, &l);
     let (y, log) = record_comms(|| {
         Tensor::<DB, 2>::zeros([10, 3], &mdev(&m)).scatter(1, idx, v, IndexingUpdateOp::Add)
     });
     assert!(log.events.is_empty(), "{log}");
-    assert_eq!(layout(&y), l);
+    assert_eq!(y.layout(), l);
     check(
         "scatter",
         y,
@@ -1439,17 +1440,15 @@ fn stacked_and_per_device_forms_agree() {
     let mut logs = Vec::new();
     for (i, stacked) in [(5, true), (5 + MESHES.len(), false)] {
         let m = mesh(i); // x=2, y=4
-        let x = dist::<2>(&m, &dx, &Layout::new(&m, ["y", "unsharded"]).unwrap());
-        let w = dist::<2>(&m, &dw, &Layout::new(&m, ["unsharded", "x"]).unwrap());
+        let x = dist::<2>(&dx, &Layout::new(&m, ["y", "unsharded"]).unwrap());
+        let w = dist::<2>(&dw, &Layout::new(&m, ["unsharded", "x"]).unwrap());
         let (y, log) = record_comms(|| {
-            relayout(
-                x.matmul(w).exp().sum_dim(0),
-                &Layout::new(&m, ["unsharded", "y"]).unwrap(),
-            )
-            .unwrap()
+            (x.matmul(w).exp().sum_dim(0))
+                .relayout(&Layout::new(&m, ["unsharded", "y"]).unwrap())
+                .unwrap()
         });
-        let p = DB::float_dtensor(y.clone().into_primitive().tensor());
-        assert_eq!(p.is_stacked(), stacked, "{}", describe(&y));
+        let p = DB::float_into_dtensor(y.clone().into_primitive().tensor());
+        assert_eq!(p.is_stacked(), stacked, "{}", y.describe());
         if stacked {
             // y shards dim 1 (4 over 4 devices); x is unused: stack [1, 4] + shard [1, 1].
             assert_eq!(

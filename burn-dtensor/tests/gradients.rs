@@ -17,8 +17,8 @@ use burn::tensor::activation::relu;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_dtensor::{
-    CollectiveKind, CommLog, DistributedBackend, DistributedDevice, Layout, Mesh, describe,
-    distribute, distribute_int, layout, record_comms, relayout,
+    CollectiveKind, CommLog, DTensorExt, DistributedBackend, DistributedDevice, Layout, Mesh,
+    distribute, record_comms,
 };
 
 type Ref = Autodiff<NdArray>;
@@ -126,7 +126,7 @@ impl ModuleMapper<Dist> for Relayouter<'_> {
         self.seen.push(path);
         param.map(|t| {
             let rg = t.is_require_grad();
-            let t = relayout(t, &l).unwrap().detach();
+            let t = t.relayout(&l).unwrap().detach();
             if rg { t.require_grad() } else { t }
         })
     }
@@ -193,8 +193,8 @@ impl ModuleVisitor<Dist> for LayoutReader<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Dist, D>>) {
         let l = match self.grads {
             Some(_) if self.path.last().is_some_and(|p| p.starts_with("running_")) => return,
-            Some(g) => layout(&param.val().grad(g).unwrap()),
-            None => layout(&param.val()),
+            Some(g) => (param.val().grad(g).unwrap()).layout(),
+            None => param.val().layout(),
         };
         self.out.insert(self.path.join("."), l);
     }
@@ -293,8 +293,8 @@ fn inputs(
     let xl = Layout::new(mesh, mode.input).unwrap();
     let yl = Layout::batch_sharded(mesh, "batch", 1).unwrap();
     (
-        distribute(x.clone(), mesh, &xl).unwrap(),
-        distribute_int(y.clone(), mesh, &yl).unwrap(),
+        distribute(x.clone(), &xl).unwrap(),
+        distribute(y.clone(), &yl).unwrap(),
     )
 }
 
@@ -321,7 +321,7 @@ fn equivalence(mode: &Mode, n: usize) {
     println!(
         "{} N={n}: loss {} = {}",
         mode.name,
-        describe(&dloss),
+        dloss.describe(),
         dloss.clone().into_data()
     );
     dloss

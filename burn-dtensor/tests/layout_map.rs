@@ -51,14 +51,18 @@ fn applies_first_matching_rule_keeps_ids_and_values() {
         ]
     );
     assert_eq!(
-        layout(&m.dense1.weight.val()),
+        m.dense1.weight.val().layout(),
         Layout::new(&mesh, ["unsharded", "model"]).unwrap()
     );
     assert_eq!(
-        layout(&m.dense2.weight.val()),
+        m.dense2.weight.val().layout(),
         Layout::new(&mesh, ["model", "unsharded"]).unwrap()
     );
-    assert!(layout(&m.dense1.bias.as_ref().unwrap().val()).is_replicated());
+    assert!(
+        (m.dense1.bias.as_ref().unwrap().val())
+            .layout()
+            .is_replicated()
+    );
     assert_eq!(
         m.dense1.weight.id, before.0,
         "parameter ids must survive (optimizer state)"
@@ -92,7 +96,7 @@ fn loaded_records_are_relaid_out() {
     let (fresh, _) = map.apply(setup().1, mesh.topology()).unwrap();
     let loaded = fresh.load_record(record);
     assert_eq!(
-        layout(&loaded.dense2.weight.val()),
+        loaded.dense2.weight.val().layout(),
         Layout::new(&mesh, ["model", "unsharded"]).unwrap()
     );
     loaded

@@ -3,13 +3,17 @@
 
 use burn::backend::{Autodiff, NdArray};
 use burn::tensor::{Tensor, TensorData, Tolerance};
-use burn_dtensor::{DistributedBackend, Layout, Mesh, distribute, layout, relayout};
+use burn_dtensor::{DTensorExt, DistributedBackend, Layout, Mesh, distribute};
 
 type Ad = Autodiff<DistributedBackend<NdArray>>;
 
 #[test]
 fn gradient_flows_back_through_relayout_in_the_input_layout() {
-    let mesh = Mesh::virtual_devices([("x", 2), ("y", 4)], Default::default()).unwrap();
+    let mesh = Mesh::virtual_devices(
+        [("x", 2), ("y", 4)],
+        burn::backend::ndarray::NdArrayDevice::Cpu,
+    )
+    .unwrap();
     let dx = TensorData::new(
         (0..30).map(|i| i as f32 / 8.0 - 2.0).collect::<Vec<_>>(),
         [5, 6],
@@ -35,16 +39,18 @@ fn gradient_flows_back_through_relayout_in_the_input_layout() {
         for to in specs {
             let lf = Layout::new(&mesh, from).unwrap();
             let lt = Layout::new(&mesh, to).unwrap();
-            let x: Tensor<Ad, 2> = distribute::<Ad, 2>(dx.clone(), &mesh, &lf)
+            let x: Tensor<Ad, 2> = distribute::<Ad, 2, burn::tensor::Float>(dx.clone(), &lf)
                 .unwrap()
                 .require_grad();
-            let c: Tensor<Ad, 2> = distribute(dc.clone(), &mesh, &lt).unwrap();
-            let y = relayout(x.clone(), &lt).unwrap();
-            assert_eq!(layout(&y), lt);
+            let c: Tensor<Ad, 2> = distribute(dc.clone(), &lt).unwrap();
+            let y = x.clone().relayout(&lt).unwrap();
+            assert_eq!(y.layout(), lt);
             let g = (y.exp() * c).sum().backward();
             let gx = x.grad(&g).unwrap();
             assert_eq!(
-                layout(&Tensor::<Ad, 2>::from_inner(gx.clone())).without_partial(),
+                Tensor::<Ad, 2>::from_inner(gx.clone())
+                    .layout()
+                    .without_partial(),
                 lf,
                 "{from:?} -> {to:?}"
             );

@@ -29,15 +29,10 @@ fn smoke_matmul_sum_mean_uneven() {
     let dev = Default::default();
     let xd = data([7, 5], 1);
     let wd = data([5, 3], 2);
-    let x: Tensor<B, 2> = distribute(
-        xd.clone(),
-        &m,
-        &Layout::new(&m, ["batch", "model"]).unwrap(),
-    )
-    .unwrap();
+    let x: Tensor<B, 2> =
+        distribute(xd.clone(), &Layout::new(&m, ["batch", "model"]).unwrap()).unwrap();
     let w: Tensor<B, 2> = distribute(
         wd.clone(),
-        &m,
         &Layout::new(&m, ["model", "unsharded"]).unwrap(),
     )
     .unwrap();
@@ -45,7 +40,7 @@ fn smoke_matmul_sum_mean_uneven() {
     let wr = Tensor::<Inner, 2>::from_data(wd, &dev);
     let (y, log) = record_comms(|| x.clone().matmul(w.clone()));
     assert_eq!(log.events.len(), 0, "{log}");
-    println!("{}", describe(&y));
+    println!("{}", y.describe());
     y.clone().into_data().assert_approx_eq::<f32>(
         &xr.clone().matmul(wr.clone()).into_data(),
         Tolerance::default(),
@@ -70,7 +65,10 @@ fn smoke_matmul_sum_mean_uneven() {
         &burn::tensor::activation::softmax(xr.clone(), 1).into_data(),
         Tolerance::default(),
     );
-    let r = relayout(x.clone(), &Layout::new(&m, ["model", "batch"]).unwrap()).unwrap();
-    println!("{}", describe(&r));
+    let r = x
+        .clone()
+        .relayout(&Layout::new(&m, ["model", "batch"]).unwrap())
+        .unwrap();
+    println!("{}", r.describe());
     r.into_data().assert_eq(&xr.into_data(), true);
 }

@@ -20,4 +20,4 @@ pub mod generic;
 pub mod nccl;
 pub mod stacked;
 
-pub use generic::{all_gather, all_reduce, all_to_all, broadcast, local_chunk, reduce_scatter};
+pub use generic::{all_gather, all_reduce, all_to_all, local_chunk, reduce_scatter};

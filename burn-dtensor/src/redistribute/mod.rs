@@ -10,4 +10,3 @@ mod execute;
 mod plan;
 
 pub use execute::{execute, execute_stacked, redistribute};
-pub use plan::{Step, plan};

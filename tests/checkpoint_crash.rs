@@ -1,0 +1,299 @@
+//! Crash safety of checkpoints: the trainer is killed with SIGKILL at every write point of a
+//! checkpoint save (before, inside and after each file, around the commit), and every resume
+//! must either load the last complete checkpoint and continue with the losses of an unbroken
+//! run, or fail with a typed error; never exit 0 on mixed state. Then damaged and mismatched
+//! checkpoints must give typed errors naming the file.
+//!
+//! The binary has no test harness: it is both the parent (the checks) and, with
+//! `DTENSOR_CRASH_CHILD` set, the child trainer the parent kills (`DTENSOR_CKPT_KILL_AT=k` makes
+//! the child SIGKILL itself at the k-th write point, see `dtensor_imdb::checkpoint`). Training
+//! runs on a small synthetic corpus (the point is the file handling, not the data), model mode
+//! on a `batch=2,model=2` mesh.
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use burn::backend::NdArray;
+use burn_dtensor::LayoutMap;
+use dtensor_imdb::batch::{DropPolicy, VectorizedSet};
+use dtensor_imdb::checkpoint;
+use dtensor_imdb::data::tfidf::TfIdfVectorizer;
+use dtensor_imdb::model::{INPUT_DIM, LossReduction};
+use dtensor_imdb::train::{
+    self, AppError, Distributed, Mode, OptimizerKind, Prepared, Quiet, TrainConfig,
+};
+
+const STEPS: usize = 4;
+const EPOCHS: usize = 3;
+
+/// A synthetic corpus: 96 train / 32 test reviews over 1500 words (label = which half of the
+/// vocabulary dominates), vectorised with the real TF-IDF.
+fn data() -> Prepared {
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut texts = Vec::new();
+    let mut labels = Vec::new();
+    for i in 0..128 {
+        let label = (i % 2) as u8;
+        let words: Vec<String> = (0..60)
+            .map(|_| {
+                let w = (next() % 750) as usize
+                    + if next() % 4 == 0 {
+                        0
+                    } else {
+                        750 * label as usize
+                    };
+                format!("w{w}")
+            })
+            .collect();
+        texts.push(words.join(" "));
+        labels.push(label);
+    }
+    let v = TfIdfVectorizer::fit(&texts, INPUT_DIM).unwrap();
+    let set = |r: std::ops::Range<usize>| {
+        let m = v.transform(&texts[r.clone()]);
+        VectorizedSet {
+            features: m.values,
+            width: m.cols,
+            labels: labels[r].to_vec(),
+        }
+    };
+    Prepared {
+        train: set(0..96),
+        test: set(96..128),
+        vectorizer: v,
+    }
+}
+
+fn config(epochs: usize, ckpt: Option<&Path>, resume: Option<&Path>) -> TrainConfig {
+    TrainConfig {
+        mode: Mode::Model,
+        epochs,
+        max_steps: Some(STEPS),
+        batch_size: 16,
+        optimizer: OptimizerKind::Adam,
+        lr: 1e-3,
+        seed: 7,
+        loss: LossReduction::Mean,
+        drop_policy: DropPolicy::Uneven,
+        eval: false,
+        checkpoint_dir: ckpt.map(Path::to_path_buf),
+        resume: resume.map(Path::to_path_buf),
+    }
+}
+
+fn train_run(data: &Prepared, cfg: &TrainConfig) -> Result<Vec<f32>, AppError> {
+    let map = LayoutMap::from_toml_str(Mode::Model.default_layout_map()).unwrap();
+    let p = Distributed::<NdArray>::new("batch=2,model=2", 4, Default::default(), map).unwrap();
+    let (s, _) = train::train(&p, cfg, data, &mut Quiet)?;
+    Ok(s.train_losses)
+}
+
+/// The child: trains per the environment, then exits 0 (or 3 on a typed error).
+fn child() -> ! {
+    let dir = PathBuf::from(std::env::var("DTENSOR_CRASH_DIR").unwrap());
+    let epochs: usize = std::env::var("DTENSOR_CRASH_EPOCHS")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let resume = std::env::var("DTENSOR_CRASH_RESUME").is_ok();
+    let cfg = config(epochs, Some(&dir), resume.then_some(dir.as_path()));
+    match train_run(&data(), &cfg) {
+        Ok(_) => std::process::exit(0),
+        Err(e) => {
+            eprintln!("child error: {e}");
+            std::process::exit(3)
+        }
+    }
+}
+
+fn spawn(
+    dir: &Path,
+    epochs: usize,
+    resume: bool,
+    kill_at: Option<usize>,
+) -> std::process::ExitStatus {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.env("DTENSOR_CRASH_CHILD", "1")
+        .env("DTENSOR_CRASH_DIR", dir)
+        .env("DTENSOR_CRASH_EPOCHS", epochs.to_string())
+        .env_remove("DTENSOR_CKPT_KILL_AT");
+    if resume {
+        c.env("DTENSOR_CRASH_RESUME", "1");
+    }
+    if let Some(k) = kill_at {
+        c.env("DTENSOR_CKPT_KILL_AT", k.to_string());
+    }
+    c.status().expect("spawning the child trainer")
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let t = to.join(e.file_name());
+        if e.path().is_dir() {
+            copy_dir(&e.path(), &t);
+        } else {
+            std::fs::copy(e.path(), t).unwrap();
+        }
+    }
+}
+
+fn kill_points(root: &Path, data: &Prepared, reference: &[f32]) -> usize {
+    // One complete checkpoint after epoch 1, the starting point of every try.
+    let base = root.join("base");
+    assert!(spawn(&base, 1, false, None).success(), "first epoch");
+    let mut k = 1;
+    let mut outcomes = Vec::new();
+    loop {
+        let dir = root.join(format!("kill-{k}"));
+        copy_dir(&base, &dir);
+        // Resume at epoch 1 and train epoch 2, killed at the k-th write point of its save.
+        let st = spawn(&dir, 2, true, Some(k));
+        if st.success() {
+            // k is past the last write point: the save completed.
+            break;
+        }
+        assert_eq!(
+            st.signal(),
+            Some(9),
+            "try {k}: the child should have been SIGKILLed, got {st:?}"
+        );
+        // Whatever was left, a resume must continue from a complete checkpoint.
+        let state = checkpoint::read(&dir)
+            .unwrap_or_else(|e| {
+                panic!("try {k}: the checkpoint left by the kill does not read: {e}")
+            })
+            .state;
+        assert!(
+            state.epochs_done == 1 || state.epochs_done == 2,
+            "try {k}: epochs_done {}",
+            state.epochs_done
+        );
+        let done = state.epochs_done;
+        let losses = train_run(data, &config(EPOCHS, Some(&dir), Some(&dir)))
+            .unwrap_or_else(|e| panic!("try {k}: resume failed: {e}"));
+        assert_eq!(
+            losses,
+            reference[done * STEPS..],
+            "try {k}: resumed after epoch {done}, losses differ from the unbroken run"
+        );
+        let last = checkpoint::read(&dir).unwrap().state;
+        assert_eq!(last.epochs_done, EPOCHS);
+        assert_eq!(
+            last.train_losses, reference,
+            "try {k}: the checkpoint's loss history"
+        );
+        outcomes.push(done);
+        k += 1;
+        assert!(k < 64, "more write points than expected");
+    }
+    // Both outcomes occur: killed before the commit (epoch 1 kept), after it (epoch 2).
+    assert!(
+        outcomes.contains(&1) && outcomes.contains(&2),
+        "{outcomes:?}"
+    );
+    k - 1
+}
+
+fn expect_checkpoint_error(r: Result<Vec<f32>, AppError>, file: &str, what: &str) {
+    match r {
+        Err(AppError::Checkpoint { path, reason }) => {
+            assert!(
+                path.ends_with(file),
+                "error names `{path}`, expected `{file}`: {reason}"
+            );
+            assert!(reason.contains(what), "`{reason}` should say `{what}`");
+        }
+        Err(e) => panic!("expected a checkpoint error naming {file}, got: {e}"),
+        Ok(_) => panic!("resume from a bad checkpoint ({what}) succeeded"),
+    }
+}
+
+fn damaged(root: &Path, data: &Prepared) {
+    let good = root.join("good");
+    assert!(spawn(&good, 1, false, None).success());
+    let edir = |d: &Path| d.join("epoch-0001");
+    let resume = |d: &Path| train_run(data, &config(2, None, Some(d)));
+    // A truncated model record.
+    let d = root.join("truncated");
+    copy_dir(&good, &d);
+    let f = edir(&d).join("model.mpk");
+    let len = std::fs::metadata(&f).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_len(len / 3)
+        .unwrap();
+    expect_checkpoint_error(resume(&d), "model.mpk", "truncated");
+    // One flipped byte in the optimizer record.
+    let d = root.join("flipped");
+    copy_dir(&good, &d);
+    let f = edir(&d).join("optim.mpk");
+    let mut b = std::fs::read(&f).unwrap();
+    let mid = b.len() / 2;
+    b[mid] ^= 0x40;
+    std::fs::write(&f, b).unwrap();
+    expect_checkpoint_error(resume(&d), "optim.mpk", "SHA-256");
+    // No commit point.
+    let d = root.join("no-latest");
+    copy_dir(&good, &d);
+    std::fs::remove_file(d.join(checkpoint::LATEST)).unwrap();
+    expect_checkpoint_error(resume(&d), "LATEST", "cannot read");
+    // A corrupt state.json.
+    let d = root.join("bad-state");
+    copy_dir(&good, &d);
+    std::fs::write(edir(&d).join("state.json"), b"{\"epochs_done\": 1,").unwrap();
+    expect_checkpoint_error(resume(&d), "state.json", "corrupt");
+    // Another optimizer.
+    let r = train_run(
+        data,
+        &TrainConfig {
+            optimizer: OptimizerKind::Sgd,
+            ..config(2, None, Some(&good))
+        },
+    );
+    expect_checkpoint_error(r, "state.json", "--optimizer");
+    // A checkpoint of another model size (hidden 64 instead of 48).
+    let d = root.join("hidden64");
+    copy_dir(&good, &d);
+    let sp = edir(&d).join("state.json");
+    let mut st: checkpoint::CheckpointState =
+        serde_json::from_str(&std::fs::read_to_string(&sp).unwrap()).unwrap();
+    st.params
+        .insert("dense1.weight".into(), vec![INPUT_DIM, 64]);
+    std::fs::write(&sp, serde_json::to_vec(&st).unwrap()).unwrap();
+    expect_checkpoint_error(
+        resume(&d),
+        "state.json",
+        "dense1.weight: checkpoint Some([1200, 64]), model [1200, 48]",
+    );
+}
+
+fn main() {
+    if std::env::var("DTENSOR_CRASH_CHILD").is_ok() {
+        child();
+    }
+    let root = std::env::temp_dir().join(format!("dtensor-ckpt-crash-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let data = data();
+    // The unbroken run, in process.
+    let reference = train_run(&data, &config(EPOCHS, Some(&root.join("ref")), None)).unwrap();
+    assert_eq!(reference.len(), EPOCHS * STEPS);
+    let mut passed = 0;
+    let points = kill_points(&root, &data, &reference);
+    println!("kill at each of {points} write points: every resume continued the unbroken run");
+    passed += 1;
+    damaged(&root, &data);
+    println!("damaged and mismatched checkpoints: typed errors naming the file");
+    passed += 1;
+    let _ = std::fs::remove_dir_all(&root);
+    println!("checkpoint_crash: {passed} passed, 0 failed");
+}
