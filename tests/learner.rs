@@ -62,7 +62,8 @@ fn artifact_dir(tag: &str) -> PathBuf {
 static RNG_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The Learner's per-iteration training losses equal `imdb_mlp`'s for the first 20 steps (two
-/// epochs of 10), in data, model and spatial mode; its checkpointer writes each epoch and its
+/// epochs of 10), in data, model and spatial mode; its checkpointer writes each epoch, a run
+/// resumed from its epoch-1 checkpoint gives the unbroken run's epoch-2 losses, and its
 /// validation runs after each epoch.
 #[test]
 fn learner_losses_match_imdb_mlp() {
@@ -143,6 +144,33 @@ fn learner_losses_match_imdb_mlp() {
             let f = dir.join(format!("checkpoint/model-{epoch}.mpk"));
             assert!(f.exists(), "{mode:?}: no checkpoint {}", f.display());
         }
+        // Resuming from the Learner's epoch-1 checkpoint (model, Adam state, through burn-train's
+        // loader, which restores records on the default device) continues the unbroken run.
+        let resumed = learner::fit(
+            Arc::new(placement(mode)),
+            &cfg,
+            d.train.clone(),
+            d.valid.clone(),
+            &LearnerOptions {
+                resume_epoch: Some(1),
+                ..opts.clone()
+            },
+        )
+        .unwrap()
+        .0
+        .train_losses;
+        let max_rel_resumed = reference[10..]
+            .iter()
+            .zip(&resumed)
+            .map(|(a, b)| (a - b).abs() / a.abs().max(1e-6))
+            .fold(0.0f32, f32::max);
+        println!("{mode:?}: resumed at epoch 1: max relative difference {max_rel_resumed:.2e}");
+        assert_eq!(resumed.len(), 10, "{mode:?}: resumed iterations");
+        assert!(
+            max_rel_resumed <= 1e-6,
+            "{mode:?}: unbroken {:?} vs resumed {resumed:?}",
+            &reference[10..]
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
