@@ -51,6 +51,19 @@ use crate::train::{
     AppError, Mode, OptimizerKind, Placement, TrainConfig, check_batch, init_model,
 };
 
+/// Errors of a Learner run, each saying what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum LearnerError {
+    /// Configuration, layout, data and checkpoint errors, as `imdb_mlp`'s.
+    #[error(transparent)]
+    App(#[from] AppError),
+    /// burn-train's event store had not delivered the last metrics when training returned.
+    #[error(
+        "burn-train's metric logging did not finish within {0:?} after training, so the logged losses are incomplete; check that the renderer is not blocked (press `q` in the TUI) and rerun"
+    )]
+    LogNotClosed(Duration),
+}
+
 /// The inference (non-autodiff) backend of a placement.
 pub type InnerOf<P> = <<P as Placement>::AD as AutodiffBackend>::InnerBackend;
 
@@ -483,14 +496,28 @@ pub struct LearnerSummary {
 /// # Errors
 /// [`AppError::Config`] for settings the Learner path does not take (`--loss sum`,
 /// `imdb_mlp`'s own checkpoint flags, a resume without checkpoints), batch-size errors as
-/// `imdb_mlp`'s, layout-map errors.
+/// `imdb_mlp`'s, layout-map errors; [`LearnerError::LogNotClosed`] when burn-train's metric
+/// logging does not finish.
 pub fn fit<P: Placement + Send + Sync + 'static>(
     p: Arc<P>,
     cfg: &TrainConfig,
     train: Arc<VectorizedSet>,
     valid: Arc<VectorizedSet>,
     opts: &LearnerOptions,
-) -> Result<(LearnerSummary, ImdbMlp<InnerOf<P>>), AppError> {
+) -> Result<(LearnerSummary, ImdbMlp<InnerOf<P>>), LearnerError> {
+    check_options(cfg, opts)?;
+    check_batch(cfg.batch_size, p.batch_axis(), cfg.drop_policy)?;
+    match cfg.optimizer {
+        OptimizerKind::Sgd => fit_with(p, cfg, train, valid, opts, SgdConfig::new().init()),
+        OptimizerKind::Adam => fit_with(p, cfg, train, valid, opts, AdamConfig::new().init()),
+    }
+}
+
+/// Checks the settings a Learner run cannot take (see [`fit`]).
+///
+/// # Errors
+/// [`AppError::Config`] saying which flag to drop or change.
+pub fn check_options(cfg: &TrainConfig, opts: &LearnerOptions) -> Result<(), AppError> {
     if cfg.loss != LossReduction::Mean {
         return Err(AppError::Config(
             "the Learner trains with the mean loss (what burn-train's loss metric reports); drop `--loss sum`".into(),
@@ -511,11 +538,7 @@ pub fn fit<P: Placement + Send + Sync + 'static>(
             "the validation batch size must be at least 1".into(),
         ));
     }
-    check_batch(cfg.batch_size, p.batch_axis(), cfg.drop_policy)?;
-    match cfg.optimizer {
-        OptimizerKind::Sgd => fit_with(p, cfg, train, valid, opts, SgdConfig::new().init()),
-        OptimizerKind::Adam => fit_with(p, cfg, train, valid, opts, AdamConfig::new().init()),
-    }
+    Ok(())
 }
 
 fn fit_with<P, O>(
@@ -525,7 +548,7 @@ fn fit_with<P, O>(
     valid: Arc<VectorizedSet>,
     opts: &LearnerOptions,
     optim: O,
-) -> Result<(LearnerSummary, ImdbMlp<InnerOf<P>>), AppError>
+) -> Result<(LearnerSummary, ImdbMlp<InnerOf<P>>), LearnerError>
 where
     P: Placement + Send + Sync + 'static,
     O: Optimizer<ImdbMlp<P::AD>, P::AD> + 'static,
@@ -582,10 +605,9 @@ where
     let result = training.launch(Learner::new(model, optim, cfg.lr));
     let wall_s = t.elapsed().as_secs_f64();
     drop(result.renderer);
-    if !log.wait_closed(Duration::from_secs(60)) {
-        return Err(AppError::Config(
-            "burn-train's event store did not close within 60 s after training".into(),
-        ));
+    let timeout = Duration::from_secs(60);
+    if !log.wait_closed(timeout) {
+        return Err(LearnerError::LogNotClosed(timeout));
     }
     let summary = LearnerSummary {
         mode: cfg.mode,

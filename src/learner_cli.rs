@@ -10,7 +10,7 @@ use clap::Parser;
 use crate::batch::DropPolicy;
 use crate::cli::BackendKind;
 use crate::data::imdb;
-use crate::learner::{self, LearnerOptions, LearnerSummary, RendererKind};
+use crate::learner::{self, LearnerError, LearnerOptions, LearnerSummary, RendererKind};
 use crate::model::LossReduction;
 use crate::train::{
     self, AppError, Distributed, Mode, OptimizerKind, Placement, Single, TrainConfig,
@@ -124,7 +124,7 @@ impl LearnerArgs {
 fn run<P: Placement + Send + Sync + 'static>(
     p: P,
     args: &LearnerArgs,
-) -> Result<LearnerSummary, AppError> {
+) -> Result<LearnerSummary, LearnerError> {
     let cfg = args.train_config();
     let opts = args.options();
     // Bad layout inputs fail here, before the (slow) data preparation: the placement checked
@@ -132,12 +132,8 @@ fn run<P: Placement + Send + Sync + 'static>(
     // parameters: nothing is allocated) are checked now.
     train::check_batch(cfg.batch_size, p.batch_axis(), cfg.drop_policy)?;
     p.prepare_model(crate::model::ImdbMlp::new(&p.device()))?;
-    if opts.resume_epoch.is_some() && !opts.checkpoints {
-        return Err(AppError::Config(
-            "`--resume-epoch` needs the checkpointer; drop `--no-checkpoints`".into(),
-        ));
-    }
-    let path = imdb::resolve_source(args.data.as_deref())?;
+    learner::check_options(&cfg, &opts)?;
+    let path = imdb::resolve_source(args.data.as_deref()).map_err(AppError::from)?;
     println!("loading {} ...", path.display());
     let t = std::time::Instant::now();
     let data = train::prepare(&path)?;
@@ -178,7 +174,7 @@ fn run<P: Placement + Send + Sync + 'static>(
     Ok(summary)
 }
 
-fn with_backend<I: Backend>(args: &LearnerArgs) -> Result<LearnerSummary, AppError> {
+fn with_backend<I: Backend>(args: &LearnerArgs) -> Result<LearnerSummary, LearnerError> {
     let device = I::Device::default();
     if args.mode == Mode::Single {
         return run(Single::<I> { device }, args);
@@ -200,8 +196,8 @@ fn with_backend<I: Backend>(args: &LearnerArgs) -> Result<LearnerSummary, AppErr
 /// # Errors
 /// Every bad input (malformed layout map, mesh/device mismatch, unknown axis, unshardable batch
 /// size under `--drop-policy strict`, a resume without checkpoints: all checked before the data
-/// is loaded; missing or corrupt data) as a typed [`AppError`].
-pub fn run_args(args: LearnerArgs) -> Result<LearnerSummary, AppError> {
+/// is loaded; missing or corrupt data) as a typed [`LearnerError`].
+pub fn run_args(args: LearnerArgs) -> Result<LearnerSummary, LearnerError> {
     match args.backend {
         BackendKind::Ndarray => with_backend::<burn::backend::NdArray>(&args),
         BackendKind::Flex => with_backend::<burn::backend::Flex>(&args),

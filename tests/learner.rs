@@ -12,7 +12,7 @@ use burn::backend::NdArray;
 use burn_dtensor::LayoutMap;
 use clap::Parser;
 use dtensor_imdb::batch::VectorizedSet;
-use dtensor_imdb::learner::{self, LearnerOptions, RendererKind};
+use dtensor_imdb::learner::{self, LearnerError, LearnerOptions, RendererKind};
 use dtensor_imdb::learner_cli::{LearnerArgs, run_args};
 use dtensor_imdb::train::{self, AppError, Distributed, Mode, Prepared, Quiet, TrainConfig};
 
@@ -185,14 +185,14 @@ fn learner_cli_rejects_bad_flags_early() {
     };
     let e = run_args(parse(&["--resume-epoch", "1", "--no-checkpoints"])).unwrap_err();
     assert!(
-        matches!(e, AppError::Config(ref m) if m.contains("--no-checkpoints")),
+        matches!(e, LearnerError::App(AppError::Config(ref m)) if m.contains("--no-checkpoints")),
         "{e}"
     );
     let e = run_args(parse(&["--batch-size", "63", "--drop-policy", "strict"])).unwrap_err();
     assert!(
-        matches!(e, AppError::Config(ref m) if m.contains("divisible")),
+        matches!(e, LearnerError::App(AppError::Config(ref m)) if m.contains("divisible")),
         "{e}"
     );
     let e = run_args(parse(&["--mode", "model", "--mesh", "batch=8"])).unwrap_err();
-    assert!(matches!(e, AppError::Layout(_)), "{e}");
+    assert!(matches!(e, LearnerError::App(AppError::Layout(_))), "{e}");
 }
