@@ -55,16 +55,39 @@ impl Dataset<Example> for VectorizedSet {
 impl VectorizedSet {
     /// Gathers the rows `idx` into a host batch: features `[len, width]` and labels `[len]`.
     pub fn batch(&self, idx: &[usize]) -> (burn::tensor::TensorData, burn::tensor::TensorData) {
-        let mut x = Vec::with_capacity(idx.len() * self.width);
-        for &i in idx {
-            x.extend_from_slice(&self.features[i * self.width..(i + 1) * self.width]);
-        }
-        let y: Vec<i64> = idx.iter().map(|&i| self.labels[i] as i64).collect();
-        (
-            burn::tensor::TensorData::new(x, [idx.len(), self.width]),
-            burn::tensor::TensorData::new(y, [idx.len()]),
+        host_batch(
+            idx.iter().map(|&i| {
+                (
+                    &self.features[i * self.width..(i + 1) * self.width],
+                    self.labels[i],
+                )
+            }),
+            self.width,
         )
     }
+}
+
+/// Stacks rows (TF-IDF row of `width` values, label) into a host batch: features
+/// `[rows, width]` (f32) and labels `[rows]` (i64), as the placements take them.
+///
+/// # Panics
+/// When a row's length is not `width`.
+pub fn host_batch<'a>(
+    rows: impl ExactSizeIterator<Item = (&'a [f32], u8)>,
+    width: usize,
+) -> (burn::tensor::TensorData, burn::tensor::TensorData) {
+    let n = rows.len();
+    let mut x = Vec::with_capacity(n * width);
+    let mut y = Vec::with_capacity(n);
+    for (row, label) in rows {
+        assert_eq!(row.len(), width, "a TF-IDF row of the wrong width");
+        x.extend_from_slice(row);
+        y.push(label as i64);
+    }
+    (
+        burn::tensor::TensorData::new(x, [n, width]),
+        burn::tensor::TensorData::new(y, [n]),
+    )
 }
 
 /// The order of epoch `epoch` (0-based): a permutation of `0..n` drawn from `seed` and the

@@ -12,7 +12,7 @@ use crate::train::{
 };
 use burn::module::AutodiffModule;
 use burn::tensor::backend::Backend;
-use burn_dtensor::{CommLog, LayoutMap};
+use burn_dtensor::CommLog;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -203,14 +203,8 @@ fn with_backend<I: Backend>(
     if args.mode == Mode::Single {
         return run(&Single::<I> { device }, args, cfg, data);
     }
-    let mesh = args
-        .mesh
-        .clone()
-        .unwrap_or_else(|| args.mode.default_mesh().to_string());
-    let map = match &args.layout_map {
-        Some(f) => LayoutMap::from_file(f)?,
-        None => LayoutMap::from_toml_str(args.mode.default_layout_map())?,
-    };
+    let (mesh, map) =
+        train::mesh_and_layout_map(args.mode, args.mesh.as_deref(), args.layout_map.as_deref())?;
     let p = Distributed::<I>::new(&mesh, args.devices, device, map)?;
     println!(
         "mesh [{}] over {} virtual {} devices",
@@ -280,10 +274,7 @@ pub fn run_args(args: Args) -> Result<(), AppError> {
         max_steps: args.max_steps,
         batch_size: args.batch_size,
         optimizer: args.optimizer,
-        lr: args.lr.unwrap_or(match args.optimizer {
-            OptimizerKind::Adam => 1e-3,
-            OptimizerKind::Sgd => 1e-2,
-        }),
+        lr: args.lr.unwrap_or(args.optimizer.default_lr()),
         seed: args.seed,
         loss: args.loss,
         drop_policy: args.drop_policy,
@@ -315,14 +306,11 @@ pub fn run_args(args: Args) -> Result<(), AppError> {
         loaded.check(&crate::checkpoint::param_shapes(&fresh), cfg.optimizer)?;
     }
     if args.mode != Mode::Single {
-        let mesh = args
-            .mesh
-            .clone()
-            .unwrap_or_else(|| args.mode.default_mesh().to_string());
-        let map = match &args.layout_map {
-            Some(f) => LayoutMap::from_file(f)?,
-            None => LayoutMap::from_toml_str(args.mode.default_layout_map())?,
-        };
+        let (mesh, map) = train::mesh_and_layout_map(
+            args.mode,
+            args.mesh.as_deref(),
+            args.layout_map.as_deref(),
+        )?;
         let p = Distributed::<burn::backend::NdArray>::new(
             &mesh,
             args.devices,

@@ -1,7 +1,8 @@
 //! The TensorFlow DTensor tutorial ("Distributed training with DTensors": IMDB sentiment with an
 //! MLP on 8 devices in three parallel modes) on [`burn_dtensor`]: the data pipeline
 //! ([`data`]: aclImdb loader, Keras-compatible TF-IDF), batching ([`batch`]), the model
-//! ([`model`]) and the training driver ([`train`]). The binaries are `examples/imdb_mlp.rs` and
+//! ([`model`]), the training driver ([`train`]) and the same training with burn-train's Learner
+//! ([`learner`]). The binaries are `examples/imdb_mlp.rs`, `examples/imdb_learner.rs` and
 //! `examples/imdb_predict.rs`.
 
 #![warn(missing_docs)]
@@ -10,6 +11,8 @@ pub mod batch;
 pub mod checkpoint;
 pub mod cli;
 pub mod data;
+pub mod learner;
+pub mod learner_cli;
 pub mod model;
 pub mod plot;
 pub mod train;

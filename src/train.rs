@@ -96,6 +96,16 @@ pub enum OptimizerKind {
     Adam,
 }
 
+impl OptimizerKind {
+    /// The learning rate when none is given: 1e-3 for Adam, 1e-2 for SGD (the tutorial's).
+    pub fn default_lr(self) -> f64 {
+        match self {
+            OptimizerKind::Adam => 1e-3,
+            OptimizerKind::Sgd => 1e-2,
+        }
+    }
+}
+
 /// Everything a run needs besides the data.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TrainConfig {
@@ -535,8 +545,7 @@ fn train_with<P: Placement, O: Optimizer<ImdbMlp<P::AD>, P::AD>>(
 ) -> Result<(Summary, ImdbMlp<P::AD>), AppError> {
     check_batch(cfg.batch_size, p.batch_axis(), cfg.drop_policy)?;
     let device = p.device();
-    <P::AD as Backend>::seed(&device, cfg.seed);
-    let mut model = p.prepare_model(ImdbMlp::new(&device))?;
+    let mut model = init_model(p, cfg.seed)?;
     let mut start_epoch = 0;
     // Losses of the runs before a resumed checkpoint, carried into the checkpoints this run writes.
     let mut prior_losses = Vec::new();
@@ -630,6 +639,36 @@ fn train_with<P: Placement, O: Optimizer<ImdbMlp<P::AD>, P::AD>>(
         config: cfg.clone(),
     };
     Ok((summary, model))
+}
+
+/// The model a run starts from: the backend seeded with `seed`, a fresh [`ImdbMlp`] on the
+/// placement's device, its parameters laid out by the placement (both `imdb_mlp`'s loop and the
+/// Learner example start here, so equal seeds give equal weights).
+///
+/// # Errors
+/// Layout-map errors.
+pub fn init_model<P: Placement>(p: &P, seed: u64) -> Result<ImdbMlp<P::AD>, AppError> {
+    let device = p.device();
+    <P::AD as Backend>::seed(&device, seed);
+    p.prepare_model(ImdbMlp::new(&device))
+}
+
+/// The mesh spec and layout map of a run: `mesh` and the TOML file `layout_map` where given,
+/// else the tutorial's for `mode` ([`Mode::default_mesh`], [`Mode::default_layout_map`]).
+///
+/// # Errors
+/// An unreadable or malformed layout map file.
+pub fn mesh_and_layout_map(
+    mode: Mode,
+    mesh: Option<&str>,
+    layout_map: Option<&Path>,
+) -> Result<(String, LayoutMap), AppError> {
+    let mesh = mesh.unwrap_or(mode.default_mesh()).to_string();
+    let map = match layout_map {
+        Some(f) => LayoutMap::from_file(f)?,
+        None => LayoutMap::from_toml_str(mode.default_layout_map())?,
+    };
+    Ok((mesh, map))
 }
 
 /// Test accuracy of `model` (inference mode: BatchNorm uses its running statistics).

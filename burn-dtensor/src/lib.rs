@@ -89,3 +89,8 @@ pub use visualize::visualize_sharding;
 pub mod cube_kernels {
     pub use crate::collective::cube::{kernel_launches, set_kernels_enabled};
 }
+
+/// The workspace README's Rust blocks, compiled and run as doc tests of this crate.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;

@@ -238,7 +238,11 @@ fn drawn_blocks_are_the_devices_shards() {
             for d in devs {
                 seen[d] += 1;
                 let got = shards[d].to_data();
-                assert_eq!(got.shape.to_vec(), vec![r1 - r0, c1 - c0], "{spec:?} device {d}");
+                assert_eq!(
+                    got.shape.to_vec(),
+                    vec![r1 - r0, c1 - c0],
+                    "{spec:?} device {d}"
+                );
                 assert_eq!(
                     got.to_vec::<f32>().unwrap(),
                     expected,

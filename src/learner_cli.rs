@@ -1,0 +1,209 @@
+//! The command line of the `imdb_learner` example: `imdb_mlp`'s mode, mesh, layout-map,
+//! backend and optimizer flags, trained with burn-train's Learner ([`crate::learner`]).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use burn::tensor::backend::Backend;
+use clap::Parser;
+
+use crate::batch::DropPolicy;
+use crate::cli::BackendKind;
+use crate::data::imdb;
+use crate::learner::{self, LearnerError, LearnerOptions, LearnerSummary, RendererKind};
+use crate::model::LossReduction;
+use crate::train::{
+    self, AppError, Distributed, Mode, OptimizerKind, Placement, Single, TrainConfig,
+};
+
+/// The flags of `imdb_learner`.
+#[derive(Parser, Debug)]
+#[command(
+    name = "imdb_learner",
+    about = "IMDB sentiment MLP on burn-dtensor, trained with burn-train's Learner (metrics, TUI, checkpoints)"
+)]
+pub struct LearnerArgs {
+    /// Parallel mode: picks the tutorial's mesh and layout map (as imdb_mlp).
+    #[arg(long, value_enum, default_value = "data")]
+    pub mode: Mode,
+    /// Override the mesh, e.g. "batch=4,model=2" (its size must equal --devices).
+    #[arg(long)]
+    pub mesh: Option<String>,
+    /// Number of (virtual) devices.
+    #[arg(long, default_value_t = 8)]
+    pub devices: usize,
+    /// Override the layout map with a TOML file (`"regex" = ["axis"|"unsharded", ...]`).
+    #[arg(long)]
+    pub layout_map: Option<PathBuf>,
+    /// Inner backend.
+    #[arg(long, value_enum, default_value = "ndarray")]
+    pub backend: BackendKind,
+    /// Total epochs.
+    #[arg(long, default_value_t = 2)]
+    pub epochs: usize,
+    /// At most this many steps per epoch.
+    #[arg(long)]
+    pub max_steps: Option<usize>,
+    /// Global batch size.
+    #[arg(long, default_value_t = 64)]
+    pub batch_size: usize,
+    /// Optimizer.
+    #[arg(long, value_enum, default_value = "adam")]
+    pub optimizer: OptimizerKind,
+    /// Learning rate (default: 1e-3 for Adam, 1e-2 for SGD as in the tutorial).
+    #[arg(long)]
+    pub lr: Option<f64>,
+    /// What to do with a batch the batch axis cannot shard evenly.
+    #[arg(long, value_enum, default_value = "uneven")]
+    pub drop_policy: DropPolicy,
+    /// Seed of the weights and of the data order.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// aclImdb: the .tar.gz or the extracted directory (else $IMDB_DATA, else the cache, else download).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// burn-train's artifact directory (metric logs, experiment.log, checkpoint/); default:
+    /// `<temp dir>/burn-dtensor-imdb-learner/<mode>`.
+    #[arg(long)]
+    pub artifact_dir: Option<PathBuf>,
+    /// Do not register burn-train's file checkpointer.
+    #[arg(long)]
+    pub no_checkpoints: bool,
+    /// Resume from the Learner checkpoint of this epoch (1-based) in the artifact directory,
+    /// written in any mode.
+    #[arg(long)]
+    pub resume_epoch: Option<usize>,
+    /// Validation batch size (the test split, after each epoch).
+    #[arg(long, default_value_t = 2048)]
+    pub valid_batch_size: usize,
+    /// Write the trained weights for single-device inference (see the imdb_predict example).
+    #[arg(long)]
+    pub export: Option<PathBuf>,
+    /// Write a JSON summary of the run (per-iteration losses, per-epoch validation).
+    #[arg(long)]
+    pub summary_json: Option<PathBuf>,
+}
+
+impl LearnerArgs {
+    /// The run's [`TrainConfig`] (imdb_mlp's fields; the mean loss).
+    pub fn train_config(&self) -> TrainConfig {
+        TrainConfig {
+            mode: self.mode,
+            epochs: self.epochs,
+            max_steps: self.max_steps,
+            batch_size: self.batch_size,
+            optimizer: self.optimizer,
+            lr: self.lr.unwrap_or(self.optimizer.default_lr()),
+            seed: self.seed,
+            loss: LossReduction::Mean,
+            drop_policy: self.drop_policy,
+            eval: true,
+            checkpoint_dir: None,
+            resume: None,
+        }
+    }
+
+    /// The Learner settings of the run.
+    pub fn options(&self) -> LearnerOptions {
+        let default = LearnerOptions::default();
+        LearnerOptions {
+            artifact_dir: self.artifact_dir.clone().unwrap_or_else(|| {
+                default
+                    .artifact_dir
+                    .join(format!("{:?}", self.mode).to_lowercase())
+            }),
+            checkpoints: !self.no_checkpoints,
+            resume_epoch: self.resume_epoch,
+            renderer: RendererKind::Default,
+            valid_batch_size: self.valid_batch_size,
+            summary: true,
+        }
+    }
+}
+
+fn run<P: Placement + Send + Sync + 'static>(
+    p: P,
+    args: &LearnerArgs,
+) -> Result<LearnerSummary, LearnerError> {
+    let cfg = args.train_config();
+    let opts = args.options();
+    // Bad layout inputs fail here, before the (slow) data preparation: the placement checked
+    // the mesh and the map's axes; the batch size and the map's rules (against the lazy
+    // parameters: nothing is allocated) are checked now.
+    train::check_batch(cfg.batch_size, p.batch_axis(), cfg.drop_policy)?;
+    p.prepare_model(crate::model::ImdbMlp::new(&p.device()))?;
+    learner::check_options(&cfg, &opts)?;
+    let path = imdb::resolve_source(args.data.as_deref()).map_err(AppError::from)?;
+    println!("loading {} ...", path.display());
+    let t = std::time::Instant::now();
+    let data = train::prepare(&path)?;
+    println!(
+        "{} train / {} test reviews vectorised (TF-IDF, {} terms) in {:.1} s",
+        data.train.labels.len(),
+        data.test.labels.len(),
+        data.vectorizer.vocab_size(),
+        t.elapsed().as_secs_f64()
+    );
+    println!(
+        "training with burn-train's Learner; artifacts in {}",
+        opts.artifact_dir.display()
+    );
+    let (summary, model) = learner::fit(
+        Arc::new(p),
+        &cfg,
+        Arc::new(data.train),
+        Arc::new(data.test),
+        &opts,
+    )?;
+    if let Some(path) = &args.summary_json {
+        std::fs::write(path, serde_json::to_string_pretty(&summary).unwrap())
+            .map_err(|e| AppError::Config(format!("cannot write {}: {e}", path.display())))?;
+    }
+    if let Some(path) = &args.export {
+        train::export(model, &data.vectorizer, path)?;
+        println!("exported to {} (+ .vectorizer.json)", path.display());
+    }
+    println!(
+        "done: mode {:?}, mesh [{}], {} steps, wall {:.1} s, test accuracy per epoch {:?}",
+        summary.mode,
+        summary.mesh,
+        summary.train_losses.len(),
+        summary.wall_s,
+        summary.valid_accuracy
+    );
+    Ok(summary)
+}
+
+fn with_backend<I: Backend>(args: &LearnerArgs) -> Result<LearnerSummary, LearnerError> {
+    let device = I::Device::default();
+    if args.mode == Mode::Single {
+        return run(Single::<I> { device }, args);
+    }
+    let (mesh, map) =
+        train::mesh_and_layout_map(args.mode, args.mesh.as_deref(), args.layout_map.as_deref())?;
+    let p = Distributed::<I>::new(&mesh, args.devices, device, map)?;
+    println!(
+        "mesh [{}] over {} virtual {} devices",
+        p.mesh,
+        args.devices,
+        I::name(&Default::default())
+    );
+    run(p, args)
+}
+
+/// Runs the example with parsed flags; returns the run's summary.
+///
+/// # Errors
+/// Every bad input (malformed layout map, mesh/device mismatch, unknown axis, unshardable batch
+/// size under `--drop-policy strict`, a resume without checkpoints: all checked before the data
+/// is loaded; missing or corrupt data) as a typed [`LearnerError`].
+pub fn run_args(args: LearnerArgs) -> Result<LearnerSummary, LearnerError> {
+    match args.backend {
+        BackendKind::Ndarray => with_backend::<burn::backend::NdArray>(&args),
+        BackendKind::Flex => with_backend::<burn::backend::Flex>(&args),
+        #[cfg(feature = "wgpu")]
+        BackendKind::Wgpu => with_backend::<burn::backend::Wgpu>(&args),
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => with_backend::<burn::backend::Cuda>(&args),
+    }
+}
