@@ -274,7 +274,7 @@ pub fn read(dir: &Path) -> Result<Loaded, AppError> {
         )
     })?;
     let name = name.trim();
-    if !(name.starts_with("epoch-") && !name.contains(['/', '\\'])) {
+    if !name.starts_with("epoch-") || name.contains(['/', '\\']) {
         return Err(err(
             &latest,
             format!("names `{name}`, not an epoch directory"),

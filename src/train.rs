@@ -257,6 +257,7 @@ pub trait Placement {
     ///
     /// # Errors
     /// Layout errors.
+    #[allow(clippy::type_complexity)]
     fn train_batch(
         &self,
         x: TensorData,
@@ -528,7 +529,7 @@ pub fn check_batch(
     if batch_size == 0 {
         return Err(AppError::Config("--batch-size must be at least 1".into()));
     }
-    if policy == DropPolicy::Strict && batch_size % batch_axis != 0 {
+    if policy == DropPolicy::Strict && !batch_size.is_multiple_of(batch_axis) {
         return Err(AppError::Config(format!(
             "--batch-size {batch_size} is not divisible by the batch axis ({batch_axis}) under --drop-policy strict; pick a multiple of {batch_axis} or use --drop-policy uneven"
         )));

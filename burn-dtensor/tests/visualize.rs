@@ -171,8 +171,11 @@ fn rank_mismatch_is_a_typed_error() {
     );
 }
 
+/// A drawn block: its row range, column range and devices.
+type Block = ((usize, usize), (usize, usize), Vec<usize>);
+
 /// Parses a rank-2 grid table into `(row range, column range, devices)` blocks.
-fn blocks(t: &str) -> Vec<((usize, usize), (usize, usize), Vec<usize>)> {
+fn blocks(t: &str) -> Vec<Block> {
     let range = |s: &str| {
         let (a, b) = s.trim().split_once("..").unwrap();
         (a.parse().unwrap(), b.parse().unwrap())

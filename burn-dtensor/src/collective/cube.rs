@@ -136,13 +136,22 @@ pub(crate) fn group_cat_kernel<T: Numeric, N: Size>(
 
 /// Dtypes the kernels handle (plain numeric storage).
 fn supported(dtype: DType) -> bool {
-    match dtype {
-        DType::F64 | DType::F32 | DType::F16 | DType::BF16 => true,
-        DType::I64 | DType::I32 | DType::I16 | DType::I8 => true,
-        DType::U64 | DType::U32 | DType::U16 | DType::U8 => true,
-        DType::Bool(BoolStore::U8 | BoolStore::U32) => true,
-        _ => false,
-    }
+    matches!(
+        dtype,
+        DType::F64
+            | DType::F32
+            | DType::F16
+            | DType::BF16
+            | DType::I64
+            | DType::I32
+            | DType::I16
+            | DType::I8
+            | DType::U64
+            | DType::U32
+            | DType::U16
+            | DType::U8
+            | DType::Bool(BoolStore::U8 | BoolStore::U32)
+    )
 }
 
 /// Widest vector size the device offers for `dtype` that divides every one of `counts`.
