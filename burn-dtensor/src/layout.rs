@@ -112,6 +112,16 @@ impl Layout {
         }
     }
 
+    /// The layout of a tensor of rank `rank` created on `mesh`: its creation-layout policy
+    /// ([`Mesh::with_creation_sharding`]) applied to the leading dims, replicated otherwise.
+    pub fn created_on(mesh: &Arc<MeshTopology>, rank: usize) -> Self {
+        let mut l = Self::replicated_on(mesh, rank);
+        for (d, a) in mesh.creation.iter().enumerate().take(rank) {
+            l.dims[d] = *a;
+        }
+        l
+    }
+
     /// [`Layout::replicated_on`] `layout`'s mesh for a rank-`rank` tensor: `layout` itself when it
     /// already is that layout (no allocation: the one-device path's common case).
     pub(crate) fn replicated_like(layout: Arc<Self>, rank: usize) -> Arc<Self> {
