@@ -173,7 +173,7 @@ fn run<P: Placement>(
             .map_err(|e| AppError::Config(format!("cannot write {}: {e}", path.display())))?;
     }
     if let Some(path) = &args.plot {
-        crate::plot::plot_runs(std::slice::from_ref(&summary), path)?;
+        crate::plot::plot_runs(&[(&summary).into()], path)?;
         println!("curves drawn to {}", path.display());
     }
     if let Some(path) = &args.export {
@@ -262,6 +262,32 @@ pub fn show_layouts<I: Backend>(p: &Distributed<I>, batch_size: usize) -> Result
     Ok(format!("{}input batch: {input}\n", v.out))
 }
 
+/// Checks, before any work, that the `--summary-json`, `--export` (`.mpk` and
+/// `.vectorizer.json`) and `--plot` outputs can be written (and that the plot is `.svg`).
+///
+/// # Errors
+/// [`AppError::Config`] naming the flag and the path.
+pub fn check_outputs(
+    summary_json: Option<&std::path::Path>,
+    export: Option<&std::path::Path>,
+    plot: Option<&std::path::Path>,
+) -> Result<(), AppError> {
+    if let Some(p) = summary_json {
+        train::check_output_file("--summary-json", p)?;
+    }
+    if let Some(p) = export {
+        let mut mpk = p.as_os_str().to_owned();
+        mpk.push(".mpk");
+        train::check_output_file("--export", std::path::Path::new(&mpk))?;
+        train::check_output_file("--export", &train::vectorizer_path(p))?;
+    }
+    if let Some(p) = plot {
+        crate::plot::check_plot_path(p)?;
+        train::check_output_file("--plot", p)?;
+    }
+    Ok(())
+}
+
 /// Runs the example with parsed flags.
 ///
 /// # Errors
@@ -284,19 +310,11 @@ pub fn run_args(args: Args) -> Result<(), AppError> {
     };
     // Validate every input before the (slow) data preparation.
     train::check_lr(cfg.lr)?;
-    if let Some(p) = &args.summary_json {
-        train::check_output_file("--summary-json", p)?;
-    }
-    if let Some(p) = &args.export {
-        let mut mpk = p.as_os_str().to_owned();
-        mpk.push(".mpk");
-        train::check_output_file("--export", std::path::Path::new(&mpk))?;
-        train::check_output_file("--export", &train::vectorizer_path(p))?;
-    }
-    if let Some(p) = &args.plot {
-        crate::plot::check_plot_path(p)?;
-        train::check_output_file("--plot", p)?;
-    }
+    check_outputs(
+        args.summary_json.as_deref(),
+        args.export.as_deref(),
+        args.plot.as_deref(),
+    )?;
     if let Some(d) = &args.checkpoint_dir {
         crate::checkpoint::check_writable(d)?;
     }

@@ -82,6 +82,12 @@ pub struct LearnerArgs {
     /// Write a JSON summary of the run (per-iteration losses, per-epoch validation).
     #[arg(long)]
     pub summary_json: Option<PathBuf>,
+    /// Draw the loss per iteration and the test accuracy per epoch into this SVG file.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Print every parameter's layout and the input batch's as device-block tables.
+    #[arg(long)]
+    pub show_layouts: bool,
 }
 
 impl LearnerArgs {
@@ -159,6 +165,10 @@ fn run<P: Placement + Send + Sync + 'static>(
         std::fs::write(path, serde_json::to_string_pretty(&summary).unwrap())
             .map_err(|e| AppError::Config(format!("cannot write {}: {e}", path.display())))?;
     }
+    if let Some(path) = &args.plot {
+        crate::plot::plot_runs(&[(&summary).into()], path)?;
+        println!("curves drawn to {}", path.display());
+    }
     if let Some(path) = &args.export {
         train::export(model, &data.vectorizer, path)?;
         println!("exported to {} (+ .vectorizer.json)", path.display());
@@ -188,6 +198,9 @@ fn with_backend<I: Backend>(args: &LearnerArgs) -> Result<LearnerSummary, Learne
         args.devices,
         I::name(&Default::default())
     );
+    if args.show_layouts {
+        print!("{}", crate::cli::show_layouts(&p, args.batch_size)?);
+    }
     run(p, args)
 }
 
@@ -198,6 +211,12 @@ fn with_backend<I: Backend>(args: &LearnerArgs) -> Result<LearnerSummary, Learne
 /// size under `--drop-policy strict`, a resume without checkpoints: all checked before the data
 /// is loaded; missing or corrupt data) as a typed [`LearnerError`].
 pub fn run_args(args: LearnerArgs) -> Result<LearnerSummary, LearnerError> {
+    train::check_lr(args.train_config().lr)?;
+    crate::cli::check_outputs(
+        args.summary_json.as_deref(),
+        args.export.as_deref(),
+        args.plot.as_deref(),
+    )?;
     match args.backend {
         BackendKind::Ndarray => with_backend::<burn::backend::NdArray>(&args),
         BackendKind::Flex => with_backend::<burn::backend::Flex>(&args),

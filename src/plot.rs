@@ -1,13 +1,53 @@
 //! Training curves as SVG (with `plotters`): the loss of every step and the training accuracy
 //! (running mean over [`SMOOTHING`] steps) with the test accuracy after each epoch, one line per
-//! run. `imdb_mlp --plot FILE` draws its own run; the `imdb_compare` example draws several runs'
-//! `--summary-json` files, one line per mode.
+//! run. `imdb_mlp --plot FILE` and `imdb_learner --plot FILE` draw their own run; the
+//! `imdb_compare` example draws several runs' `--summary-json` files, one line per mode.
 
 use std::path::Path;
 
 use plotters::prelude::*;
 
+use crate::learner::LearnerSummary;
 use crate::train::{AppError, Summary};
+
+/// One run's curves, as [`plot_runs`] draws them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Curves {
+    /// The legend entry (mode, mesh, backend).
+    pub label: String,
+    /// The training loss of every step.
+    pub losses: Vec<f32>,
+    /// The training accuracy of every step's batch, as a fraction (empty when not recorded).
+    pub train_accuracy: Vec<f32>,
+    /// The test accuracy after each epoch, as a fraction; drawn at each epoch's last step.
+    pub epoch_test_accuracy: Vec<f64>,
+}
+
+fn label(mode: crate::train::Mode, mesh: &str, backend: &str) -> String {
+    format!("{mode:?} [{mesh}] on {backend}").to_lowercase()
+}
+
+impl From<&Summary> for Curves {
+    fn from(r: &Summary) -> Self {
+        Self {
+            label: label(r.mode, &r.mesh, &r.backend),
+            losses: r.train_losses.clone(),
+            train_accuracy: r.train_accuracy.clone(),
+            epoch_test_accuracy: r.epoch_test_accuracy.clone(),
+        }
+    }
+}
+
+impl From<&LearnerSummary> for Curves {
+    fn from(r: &LearnerSummary) -> Self {
+        Self {
+            label: format!("{} (learner)", label(r.mode, &r.mesh, &r.backend)),
+            losses: r.train_losses.clone(),
+            train_accuracy: Vec::new(),
+            epoch_test_accuracy: r.valid_accuracy.clone(),
+        }
+    }
+}
 
 /// Steps in the running mean of the training accuracy.
 pub const SMOOTHING: usize = 50;
@@ -46,9 +86,9 @@ fn running_mean(v: &[f32], window: usize) -> Vec<f32> {
 /// # Errors
 /// [`AppError::Config`] when `path` is not `.svg` or cannot be written, or when no run has a
 /// step.
-pub fn plot_runs(runs: &[Summary], path: &Path) -> Result<(), AppError> {
+pub fn plot_runs(runs: &[Curves], path: &Path) -> Result<(), AppError> {
     check_plot_path(path)?;
-    let steps = runs.iter().map(|r| r.train_losses.len()).max().unwrap_or(0);
+    let steps = runs.iter().map(|r| r.losses.len()).max().unwrap_or(0);
     if steps == 0 {
         return Err(AppError::Config(
             "nothing to plot: the runs trained no step".into(),
@@ -62,11 +102,10 @@ pub fn plot_runs(runs: &[Summary], path: &Path) -> Result<(), AppError> {
     let (top, bottom) = root.split_vertically(350);
     let max_loss = runs
         .iter()
-        .flat_map(|r| r.train_losses.iter().copied())
+        .flat_map(|r| r.losses.iter().copied())
         .filter(|x| x.is_finite())
         .fold(0.0f32, f32::max)
         .max(1e-3);
-    let label = |r: &Summary| format!("{:?} [{}] on {}", r.mode, r.mesh, r.backend).to_lowercase();
     let mut loss = ChartBuilder::on(&top)
         .caption("training loss per step", ("sans-serif", 20))
         .margin(10)
@@ -82,11 +121,11 @@ pub fn plot_runs(runs: &[Summary], path: &Path) -> Result<(), AppError> {
     for (i, r) in runs.iter().enumerate() {
         let c = Palette99::pick(i).to_rgba();
         loss.draw_series(LineSeries::new(
-            r.train_losses.iter().copied().enumerate(),
+            r.losses.iter().copied().enumerate(),
             c.stroke_width(1),
         ))
         .map_err(|e| err(&e))?
-        .label(label(r))
+        .label(r.label.clone())
         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c));
     }
     loss.configure_series_labels()
@@ -119,7 +158,7 @@ pub fn plot_runs(runs: &[Summary], path: &Path) -> Result<(), AppError> {
         ))
         .map_err(|e| err(&e))?;
         // Test accuracy at the last step of each epoch.
-        let per_epoch = r.steps / r.epoch_test_accuracy.len().max(1);
+        let per_epoch = r.losses.len() / r.epoch_test_accuracy.len().max(1);
         acc.draw_series(r.epoch_test_accuracy.iter().enumerate().map(|(e, a)| {
             Circle::new(
                 (((e + 1) * per_epoch).saturating_sub(1), *a as f32),

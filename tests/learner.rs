@@ -195,4 +195,21 @@ fn learner_cli_rejects_bad_flags_early() {
     );
     let e = run_args(parse(&["--mode", "model", "--mesh", "batch=8"])).unwrap_err();
     assert!(matches!(e, LearnerError::App(AppError::Layout(_))), "{e}");
+    // The learning rate and the output paths are checked before the data is read (the data
+    // path does not exist: reaching it would be another error).
+    let e = run_args(parse(&["--lr=NaN"])).unwrap_err();
+    assert!(
+        matches!(e, LearnerError::App(AppError::Config(ref m)) if m.contains("--lr")),
+        "{e}"
+    );
+    let e = run_args(parse(&["--plot", "curves.png"])).unwrap_err();
+    assert!(
+        matches!(e, LearnerError::App(AppError::Config(ref m)) if m.contains(".svg")),
+        "{e}"
+    );
+    let e = run_args(parse(&["--summary-json", "/nonexistent-dir/s.json"])).unwrap_err();
+    assert!(
+        matches!(e, LearnerError::App(AppError::Config(ref m)) if m.contains("--summary-json")),
+        "{e}"
+    );
 }

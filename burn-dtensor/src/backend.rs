@@ -3,7 +3,10 @@
 use std::marker::PhantomData;
 
 use burn::tensor::DType;
-use burn::tensor::backend::{Backend, BackendTypes, DTypeUsageSet, ExecutionError};
+use burn::tensor::backend::{
+    Backend, BackendTypes, DTypeUsageSet, ExecutionError, QTensorPrimitive,
+};
+use burn::tensor::quantization::QuantScheme;
 
 use crate::device::DistributedDevice;
 use crate::tensor::DTensor;
@@ -34,6 +37,15 @@ impl<B: Backend> BackendTypes for DistributedBackend<B> {
     type BoolTensorPrimitive = DTensor<B::BoolTensorPrimitive>;
     type BoolElem = B::BoolElem;
     type QuantizedTensorPrimitive = crate::ops::QTensor<B>;
+}
+
+impl<B: Backend> DistributedBackend<B> {
+    /// The default quantization scheme of tensors on `device`: the inner backend's (quantized
+    /// tensors hold `B`'s quantized primitives). Mirrors Burn's `Dispatch::default_quant_scheme`,
+    /// which Burn's conformance suite calls on its test backend.
+    pub fn default_quant_scheme(_device: &DistributedDevice<B::Device>) -> QuantScheme {
+        <B::QuantizedTensorPrimitive as QTensorPrimitive>::default_scheme()
+    }
 }
 
 impl<B: Backend> Backend for DistributedBackend<B> {

@@ -80,11 +80,23 @@ pub(crate) fn record(kind: CollectiveKind, axis: &str, bytes: u64, shape: &[usiz
 /// A recording scope: every collective run on this thread between [`CommDebugMode::new`] and
 /// [`CommDebugMode::finish`] (or drop) is recorded. Scopes nest.
 ///
-/// ```ignore
+/// ```
+/// use burn::backend::NdArray;
+/// use burn::tensor::{Tensor, TensorData};
+/// use burn_dtensor::{CollectiveKind, CommDebugMode, DistributedBackend, Layout, Mesh, distribute};
+/// type B = DistributedBackend<NdArray>;
+/// let mesh = Mesh::virtual_devices([("batch", 4)], burn::backend::ndarray::NdArrayDevice::Cpu)?;
+/// let x: Tensor<B, 2> = distribute(
+///     TensorData::new(vec![1.0f32; 8 * 3], [8, 3]),
+///     &Layout::batch_sharded(&mesh, "batch", 2)?,
+/// )?;
 /// let scope = CommDebugMode::new();
-/// let y = model.forward(x);
+/// let total = x.sum(); // per-shard sums, then one all-reduce over `batch`
+/// assert_eq!(total.into_scalar(), 24.0);
 /// let log = scope.finish();
-/// println!("{log}");
+/// assert_eq!(log.count_on(CollectiveKind::AllReduce, "batch"), 1);
+/// println!("{log}"); // per (collective, mesh axis): count and bytes
+/// # Ok::<(), burn_dtensor::DTensorError>(())
 /// ```
 pub struct CommDebugMode {
     depth: usize,

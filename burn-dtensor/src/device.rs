@@ -16,7 +16,8 @@ pub const DISTRIBUTED_DEVICE_TYPE_ID: u16 = 0xD7E5;
 /// Its id (`DeviceId { type_id: DISTRIBUTED_DEVICE_TYPE_ID, index_id: mesh id }`) round-trips
 /// through [`Device::from_id`], as Burn's optimizers and fusion require.
 ///
-/// The default device is the single-device mesh over `B`'s default device.
+/// The default device is the single-device mesh over `B`'s default device, unless
+/// [`DistributedDevice::set_default`] chose another mesh.
 #[derive(Clone, PartialEq)]
 pub struct DistributedDevice<D> {
     pub(crate) mesh: Mesh<D>,
@@ -45,13 +46,32 @@ impl<D: fmt::Debug> fmt::Debug for DistributedDevice<D> {
     }
 }
 
+/// The default mesh per inner device type (`Default` must give equal devices).
+fn default_meshes() -> &'static std::sync::Mutex<Vec<Box<dyn std::any::Any + Send + Sync>>> {
+    static DEFAULTS: OnceLock<std::sync::Mutex<Vec<Box<dyn std::any::Any + Send + Sync>>>> =
+        OnceLock::new();
+    DEFAULTS.get_or_init(Default::default)
+}
+
+impl<D: DeviceOps> DistributedDevice<D> {
+    /// Makes `mesh` the process's default device for this inner device type: what
+    /// `DistributedDevice::default()` (Burn's `Default::default()` device) gives from now on,
+    /// in place of the single-device mesh. Code written for one device, such as Burn's own test
+    /// suite, then runs on the mesh unchanged; with a creation-layout policy
+    /// ([`Mesh::with_creation_sharding`]) every tensor it creates is sharded.
+    ///
+    /// Call it before creating tensors on the default device: tensors already created keep
+    /// the mesh they live on.
+    pub fn set_default(mesh: Mesh<D>) {
+        let mut reg = default_meshes().lock().unwrap();
+        reg.retain(|e| e.downcast_ref::<Mesh<D>>().is_none());
+        reg.push(Box::new(mesh));
+    }
+}
+
 impl<D: DeviceOps> Default for DistributedDevice<D> {
     fn default() -> Self {
-        // One cached default per inner device type: `Default` must give equal devices.
-        static DEFAULTS: OnceLock<std::sync::Mutex<Vec<Box<dyn std::any::Any + Send + Sync>>>> =
-            OnceLock::new();
-        let reg = DEFAULTS.get_or_init(Default::default);
-        let mut reg = reg.lock().unwrap();
+        let mut reg = default_meshes().lock().unwrap();
         for e in reg.iter() {
             if let Some(m) = e.downcast_ref::<Mesh<D>>() {
                 return Self::new(m.clone());

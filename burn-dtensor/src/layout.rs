@@ -40,7 +40,21 @@ pub(crate) type Partials = smallvec::SmallVec<[Option<ReduceOp>; 4]>;
 /// Sharding uses *chunk semantics* that also cover sizes not divisible by the axis size: a dim of
 /// global size `n` over an axis of size `k` gives shard `i` the range starting at
 /// `i * (n / k) + min(i, n % k)` of length `n / k + (i < n % k)`: the first `n % k` shards are one
-/// element larger (see [`crate::shard::chunk`]). Every op stays exact on such uneven shards.
+/// element larger (see [`Layout::shard_ranges`]). Every op stays exact on such uneven shards.
+///
+/// ```
+/// use burn_dtensor::{DTensorError, Layout, Mesh};
+/// let mesh = Mesh::virtual_devices([("batch", 4), ("model", 2)], ())?;
+/// // Global [10, 6]: rows over `batch` (10 = 3+3+2+2, uneven), columns over `model`.
+/// let l = Layout::new(&mesh, ["batch", "model"])?;
+/// assert_eq!(l.shard_ranges(&[10, 6], 0), vec![0..3, 0..3]); // device 0 = (batch 0, model 0)
+/// assert_eq!(l.shard_ranges(&[10, 6], 7), vec![8..10, 3..6]); // device 7 = (batch 3, model 1)
+/// assert_eq!(l.shard_shape(&[10, 6], 5), vec![2, 3]);
+/// // Bad specs are typed errors that name the problem.
+/// assert!(matches!(Layout::new(&mesh, ["batch", "batch"]), Err(DTensorError::AxisUsedTwice { .. })));
+/// assert!(matches!(Layout::new(&mesh, ["rows", "unsharded"]), Err(DTensorError::UnknownAxis { .. })));
+/// # Ok::<(), DTensorError>(())
+/// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Layout {
     pub(crate) mesh: Arc<MeshTopology>,
@@ -110,6 +124,16 @@ impl Layout {
             dims: smallvec::smallvec![None; rank],
             partial: smallvec::smallvec![None; mesh.ndim()],
         }
+    }
+
+    /// The layout of a tensor of rank `rank` created on `mesh`: its creation-layout policy
+    /// ([`Mesh::with_creation_sharding`]) applied to the leading dims, replicated otherwise.
+    pub fn created_on(mesh: &Arc<MeshTopology>, rank: usize) -> Self {
+        let mut l = Self::replicated_on(mesh, rank);
+        for (d, a) in mesh.creation.iter().enumerate().take(rank) {
+            l.dims[d] = *a;
+        }
+        l
     }
 
     /// [`Layout::replicated_on`] `layout`'s mesh for a rank-`rank` tensor: `layout` itself when it

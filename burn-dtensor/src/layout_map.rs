@@ -18,6 +18,28 @@
 //! "dense1\\.weight" = ["unsharded", "model"]
 //! "dense2\\.weight" = ["model", "unsharded"]
 //! ```
+//!
+//! ```
+//! use burn_dtensor::{LayoutMap, Mesh};
+//! let mesh = Mesh::virtual_devices([("batch", 4), ("model", 2)], ())?;
+//! let map = LayoutMap::from_toml_str(
+//!     r#"
+//!     '^dense1\.weight$' = ["unsharded", "model"]
+//!     'weight$' = ["model", "unsharded"]
+//!     "#,
+//! )?;
+//! // First match wins; the answer is (index of the rule, layout).
+//! let (rule, layout) = map.layout_for("dense1.weight", 2, mesh.topology())?;
+//! assert_eq!((rule, layout.sharding_spec()), (Some(0), vec!["unsharded".to_string(), "model".into()]));
+//! let (rule, layout) = map.layout_for("dense2.weight", 2, mesh.topology())?;
+//! assert_eq!((rule, layout.sharding_spec()), (Some(1), vec!["model".to_string(), "unsharded".into()]));
+//! // Unmatched parameters stay replicated.
+//! let (rule, layout) = map.layout_for("bn.gamma", 1, mesh.topology())?;
+//! assert_eq!((rule, layout.is_replicated()), (None, true));
+//! // A rule of another rank than the parameter is an error, not a silent replication.
+//! assert!(map.layout_for("dense1.weight", 1, mesh.topology()).is_err());
+//! # Ok::<(), burn_dtensor::DTensorError>(())
+//! ```
 
 use std::path::Path;
 

@@ -19,6 +19,10 @@ pub struct MeshTopology {
     /// device is the same inner device (a virtual mesh) of more than one position, and stacked
     /// execution was not switched off ([`Mesh::with_stacked_execution`], `BURN_DTENSOR_STACKED=0`).
     pub(crate) stacked: bool,
+    /// The creation-layout policy ([`Mesh::with_creation_sharding`]): tensor dim `i` of every
+    /// tensor created on this mesh is sharded over mesh axis `creation[i]` (when `Some`); empty
+    /// (the default): created tensors are replicated.
+    pub(crate) creation: Vec<Option<usize>>,
 }
 
 impl MeshTopology {
@@ -27,6 +31,12 @@ impl MeshTopology {
     /// device at every position) unless switched off.
     pub fn is_stacked(&self) -> bool {
         self.stacked
+    }
+    /// The creation-layout policy: entry `i` is the mesh axis that shards dim `i` of every tensor
+    /// created on this mesh (see [`Mesh::with_creation_sharding`]); empty when created tensors
+    /// are replicated.
+    pub fn creation_sharding(&self) -> &[Option<usize>] {
+        &self.creation
     }
     /// Axis names and sizes, in order.
     pub fn axes(&self) -> &[(String, usize)] {
@@ -177,7 +187,7 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
                 given: devices.len(),
             });
         }
-        Ok(Self::intern(axes, devices, stacked_default()))
+        Ok(Self::intern(axes, devices, stacked_default(), Vec::new()))
     }
 
     /// A mesh whose every position is a virtual copy of one inner device (the usual CPU setup:
@@ -196,7 +206,7 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
 
     /// The mesh of one device and no axes: every tensor on it is replicated (whole).
     pub fn single(device: D) -> Self {
-        Self::intern(Vec::new(), vec![device], false)
+        Self::intern(Vec::new(), vec![device], false, Vec::new())
     }
 
     /// Parses `"batch=4,model=2"` into axes and builds the mesh over `devices`.
@@ -214,16 +224,59 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
     /// `on` says. The two variants are distinct meshes (tensors move between them with
     /// `to_device`).
     pub fn with_stacked_execution(&self, on: bool) -> Self {
-        Self::intern(self.topo.axes.clone(), self.devices.to_vec(), on)
+        Self::intern(
+            self.topo.axes.clone(),
+            self.devices.to_vec(),
+            on,
+            self.topo.creation.clone(),
+        )
     }
 
-    fn intern(axes: Vec<(String, usize)>, devices: Vec<D>, stacked: bool) -> Self {
+    /// The same mesh with a *creation-layout policy*: every tensor created on it (from data,
+    /// `zeros`, `ones`, `full`, `empty`, random) has global dim `i` sharded over mesh axis
+    /// `spec[i]` (or unsharded for [`UNSHARDED`](crate::UNSHARDED)); dims beyond `spec`, and
+    /// tensors of lower rank, keep the rest unsharded. Each device then receives only its chunk
+    /// (uneven or empty chunks when a dim is smaller than or not divisible by its axis).
+    ///
+    /// This shards a whole program without touching it: `Tensor::from_data(data, &device)` with
+    /// `device = DistributedDevice::new(mesh.with_creation_sharding(["a", "b"])?)` starts every
+    /// computation on sharded tensors (the conformance suite runs Burn's tests this way). Results
+    /// are unchanged: a layout never changes values. An empty `spec` gives back the replicated
+    /// policy. The variants are distinct meshes (tensors move between them with `to_device`).
+    ///
+    /// # Errors
+    /// [`DTensorError::UnknownAxis`] for a name the mesh lacks, [`DTensorError::AxisUsedTwice`]
+    /// when an axis shards two dims.
+    pub fn with_creation_sharding<S: AsRef<str>>(
+        &self,
+        spec: impl IntoIterator<Item = S>,
+    ) -> Result<Self> {
+        let layout = crate::Layout::new(self, spec)?;
+        let mut creation = layout.dims.to_vec();
+        while creation.last() == Some(&None) {
+            creation.pop();
+        }
+        Ok(Self::intern(
+            self.topo.axes.clone(),
+            self.devices.to_vec(),
+            self.topo.stacked,
+            creation,
+        ))
+    }
+
+    fn intern(
+        axes: Vec<(String, usize)>,
+        devices: Vec<D>,
+        stacked: bool,
+        creation: Vec<Option<usize>>,
+    ) -> Self {
         let stacked = stacked && devices.len() > 1 && devices.iter().all(|d| *d == devices[0]);
         let mut reg = registry().lock().unwrap();
         for entry in reg.iter() {
             if let Some(m) = entry.downcast_ref::<Mesh<D>>()
                 && m.topo.axes == axes
                 && m.topo.stacked == stacked
+                && m.topo.creation == creation
                 && *m.devices == devices
             {
                 return m.clone();
@@ -240,6 +293,7 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
                 axes,
                 strides,
                 stacked,
+                creation,
             }),
             devices: Arc::new(devices),
         };

@@ -484,6 +484,46 @@ pub fn scatter<B: Backend, K: Kind<B>, KI: Kind<B>>(
     })
 }
 
+/// `gather_nd(data, indices)` under [`index::gather_nd`] (per shard, never stacked: the indices
+/// hold global coordinates of the indexed dims, which are whole on every device).
+pub fn gather_nd<B: Backend, K: Kind<B>, KI: Kind<B>>(
+    t: DTensor<K::P>,
+    idx: DTensor<KI::P>,
+    f: impl Fn(K::P, KI::P) -> K::P + Sync,
+) -> DTensor<K::P> {
+    same_mesh(&t.layout, &idx.layout);
+    if is_solo(&t) {
+        return solo_map(t, |x| f(x, only(idx)));
+    }
+    let m = idx.shape.len();
+    let k = idx.shape[m - 1];
+    let s = index::gather_nd(&t.layout, &idx.layout, k);
+    let shape = idx.shape[..m - 1]
+        .iter()
+        .chain(&t.shape[k..])
+        .copied()
+        .collect();
+    run2::<B, K, KI, K>(t, idx, &s, shape, false, |_, x, i| f(x, i))
+}
+
+/// `scatter_nd(data, indices, values, op)` under [`index::scatter_nd`] (per shard, not stacked).
+pub fn scatter_nd<B: Backend, K: Kind<B>, KI: Kind<B>>(
+    t: DTensor<K::P>,
+    idx: DTensor<KI::P>,
+    value: DTensor<K::P>,
+    f: impl Fn(K::P, KI::P, K::P) -> K::P + Sync,
+) -> DTensor<K::P> {
+    same_mesh(&t.layout, &idx.layout);
+    same_mesh(&t.layout, &value.layout);
+    if is_solo(&t) {
+        return solo_map(t, |x| f(x, only(idx), only(value)));
+    }
+    let k = idx.shape[idx.shape.len() - 1];
+    let s = index::scatter_nd(&t.layout, &idx.layout, k);
+    let shape = t.shape.clone();
+    run3::<B, K, KI, K, K>(t, idx, value, &s, shape, false, |_, x, i, v| f(x, i, v))
+}
+
 /// `select(t, dim, indices)`: `dim` whole, indices replicated.
 pub fn select<B: Backend, K: Kind<B>, KI: Kind<B>>(
     t: DTensor<K::P>,
@@ -560,14 +600,16 @@ pub fn device<B: Backend, P>(t: &DTensor<P>) -> DistributedDevice<B::Device> {
     DistributedDevice::new(mesh_of::<B, P>(t))
 }
 
-/// Uploads host data replicated on every device of the mesh (once per distinct inner device).
+/// Uploads host data replicated on every device of the mesh (once per distinct inner device),
+/// or, on a mesh with a creation-layout policy ([`Mesh::with_creation_sharding`]), with each
+/// device receiving only its chunk of the policy's layout.
 pub fn from_data<B: Backend, K: Kind<B>>(
     data: TensorData,
     device: &DistributedDevice<B::Device>,
 ) -> DTensor<K::P> {
-    let layout = Layout::replicated(&device.mesh, data.shape.num_dims());
+    let layout = Layout::created_on(device.mesh.topology(), data.shape.num_dims());
     distribute::<B, K>(data, &device.mesh, &layout)
-        .expect("a replicated layout of the data's own rank on its own mesh")
+        .expect("a created layout of the data's own rank on its own mesh")
 }
 
 /// Uploads host data with each device receiving only its chunk under `layout`.

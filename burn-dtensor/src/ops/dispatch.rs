@@ -359,7 +359,9 @@ pub fn run_n<B: Backend, K: Kind<B>, KO: Kind<B>>(
     )
 }
 
-/// Creation on a mesh: `f(device)` per distinct inner device; the result is replicated.
+/// Creation on a mesh: `f(device)` per distinct inner device; the result is replicated, or
+/// laid out by the mesh's creation-layout policy ([`crate::Mesh::with_creation_sharding`]; each
+/// device keeps its chunk, no communication).
 pub fn create<B: Backend, K: Kind<B>>(
     mesh: &crate::Mesh<B::Device>,
     shape: Vec<usize>,
@@ -369,6 +371,7 @@ pub fn create<B: Backend, K: Kind<B>>(
     if let [device] = mesh.devices() {
         return DTensor::from_parts(shape, layout, vec![f(device)]);
     }
+    let created = Layout::created_on(mesh.topology(), shape.len());
     let plan = dedupe_plan(&[&layout], mesh.devices());
     let shards = run_each(
         mesh.devices().to_vec(),
@@ -377,5 +380,10 @@ pub fn create<B: Backend, K: Kind<B>>(
         threads_for::<B>(),
         |_, d| f(&d),
     );
-    DTensor::from_parts(shape, layout, shards)
+    let t = DTensor::from_parts(shape, layout, shards);
+    if created.is_replicated() {
+        t
+    } else {
+        execute::<B, K>(t, &created)
+    }
 }

@@ -3,7 +3,8 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{BoolTensor, Device, FloatTensor, FloatTensorOps, IntTensor};
 use burn::tensor::{
-    BoolDType, Distribution, FloatDType, IntDType, Scalar, Shape, Slice, TensorData,
+    BoolDType, Distribution, FloatDType, IndexingUpdateOp, IntDType, Scalar, Shape, Slice,
+    TensorData,
 };
 
 use super::common as c;
@@ -147,6 +148,17 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
         v: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         c::scatter::<B, F, IntKind>(dim, t, idx, v, B::float_scatter_add)
+    }
+    fn float_gather_nd(t: FloatTensor<Self>, idx: IntTensor<Self>) -> FloatTensor<Self> {
+        c::gather_nd::<B, F, IntKind>(t, idx, B::float_gather_nd)
+    }
+    fn float_scatter_nd(
+        t: FloatTensor<Self>,
+        idx: IntTensor<Self>,
+        v: FloatTensor<Self>,
+        op: IndexingUpdateOp,
+    ) -> FloatTensor<Self> {
+        c::scatter_nd::<B, F, IntKind>(t, idx, v, |x, i, v| B::float_scatter_nd(x, i, v, op))
     }
     fn float_select(t: FloatTensor<Self>, dim: usize, idx: IntTensor<Self>) -> FloatTensor<Self> {
         c::select::<B, F, IntKind>(t, dim, idx, B::float_select)

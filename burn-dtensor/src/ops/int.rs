@@ -3,7 +3,8 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{BoolTensor, Device, FloatTensor, IntTensor, IntTensorOps};
 use burn::tensor::{
-    BoolDType, Distribution, FloatDType, IntDType, Scalar, Shape, Slice, TensorData,
+    BoolDType, Distribution, FloatDType, IndexingUpdateOp, IntDType, Scalar, Shape, Slice,
+    TensorData,
 };
 
 use super::common as c;
@@ -92,6 +93,17 @@ impl<B: Backend> IntTensorOps<Self> for DistributedBackend<B> {
         v: IntTensor<Self>,
     ) -> IntTensor<Self> {
         c::scatter::<B, I, I>(dim, t, idx, v, B::int_scatter_add)
+    }
+    fn int_gather_nd(t: IntTensor<Self>, idx: IntTensor<Self>) -> IntTensor<Self> {
+        c::gather_nd::<B, I, I>(t, idx, B::int_gather_nd)
+    }
+    fn int_scatter_nd(
+        t: IntTensor<Self>,
+        idx: IntTensor<Self>,
+        v: IntTensor<Self>,
+        op: IndexingUpdateOp,
+    ) -> IntTensor<Self> {
+        c::scatter_nd::<B, I, I>(t, idx, v, |x, i, v| B::int_scatter_nd(x, i, v, op))
     }
     fn int_select(t: IntTensor<Self>, dim: usize, idx: IntTensor<Self>) -> IntTensor<Self> {
         c::select::<B, I, I>(t, dim, idx, B::int_select)

@@ -26,15 +26,24 @@ fn prep<B: Backend, K: Kind<B>>(t: DTensor<K::P>, x: &Layout, batched: bool) -> 
     execute::<B, K>(t, &s.inputs[0])
 }
 
-/// Runs `f` per shard on operands prepared by [`prep`]; the output is sharded on dim 0 like
+/// Runs `f(i)` for every device `i` on operands prepared by [`prep`]; the output is sharded on dim 0 like
 /// `x` (or replicated when `batched_out` is false).
-fn run_batch<B: Backend, R: TensorMetadata + Clone>(
+///
+/// **Empty shards** are handled here, once for every batch-parallel module op: a device whose
+/// chunk of the batch is empty (a batch smaller than its mesh axis, or an uneven split) does
+/// not run the inner op, which backends may reject or mis-compute on an empty batch (NdArray's
+/// `deform_conv2d` divides by zero); it gets `empty(r)` of a computed shard `r`, the same
+/// per-shard output with its dim 0 cut to 0. When every shard is empty (a global batch of 0)
+/// the op runs as on one device.
+fn run_batch_with<B: Backend, R: TensorMetadata + Clone>(
     x: &FT<B>,
     n_shards: usize,
     batched_out: bool,
+    empty: impl Fn(&R) -> R,
     f: impl Fn(usize) -> R,
 ) -> DTensor<R> {
-    let xl = prep::<B, FloatKind>(x.clone(), &x.layout, true).layout;
+    let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
+    let xl = xs.layout.clone();
     let out_l = if batched_out {
         (*xl).clone()
     } else {
@@ -42,21 +51,48 @@ fn run_batch<B: Backend, R: TensorMetadata + Clone>(
     };
     let devices = super::common::mesh_of::<B, _>(x).devices().to_vec();
     let plan = dedupe_plan(&[&xl], &devices);
-    let mut shards: Vec<R> = Vec::with_capacity(n_shards);
+    let is_empty = |i: usize| x.shape.first().is_some_and(|&n| n > 0) && xs.local_shape(i)[0] == 0;
+    let mut shards: Vec<Option<R>> = Vec::with_capacity(n_shards);
     for (i, p) in plan.iter().enumerate().take(n_shards) {
         let v = match *p {
             Some(j) => shards[j].clone(),
-            None => f(i),
+            None if is_empty(i) => None,
+            None => Some(f(i)),
         };
         shards.push(v);
     }
-    let mut shape = shards[0].shape().to_vec();
+    let some = shards
+        .iter()
+        .flatten()
+        .next()
+        .expect("a non-empty batch has a non-empty shard")
+        .clone();
+    let shards: Vec<R> = shards
+        .into_iter()
+        .map(|s| s.unwrap_or_else(|| empty(&some)))
+        .collect();
+    let mut shape = some.shape().to_vec();
     let mut layout = Layout::replicated_on(&xl.mesh, shape.len());
     if batched_out && !shape.is_empty() {
         shape[0] = x.shape[0];
         layout.dims[0] = out_l.dims.first().copied().flatten();
     }
     DTensor::from_parts(shape, layout, shards)
+}
+
+/// [`run_batch_with`] for float outputs.
+fn run_batch<B: Backend>(
+    x: &FT<B>,
+    n_shards: usize,
+    batched_out: bool,
+    f: impl Fn(usize) -> B::FloatTensorPrimitive,
+) -> FT<B> {
+    run_batch_with::<B, _>(x, n_shards, batched_out, empty_batch::<B, FloatKind>, f)
+}
+
+/// A per-shard output of kind `K` with its dim 0 cut to 0 (see [`run_batch`]).
+fn empty_batch<B: Backend, K: Kind<B>>(r: &K::P) -> K::P {
+    K::slice(r.clone(), &[burn::tensor::Slice::new(0, Some(0), 1)])
 }
 
 fn opt<B: Backend>(t: Option<FT<B>>, x: &Layout) -> Option<FT<B>> {
@@ -76,7 +112,7 @@ macro_rules! batch_op {
             let xs = prep::<B, FloatKind>(x.clone(), &xl, true);
             let w = prep::<B, FloatKind>(weight, &xl, false);
             let b = opt::<B>(bias, &xl);
-            run_batch::<B, _>(&x, xs.shards.len(), true, |i| {
+            run_batch::<B>(&x, xs.shards.len(), true, |i| {
                 B::$name(
                     xs.shards[i].clone(),
                     w.shards[i].clone(),
@@ -108,7 +144,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         let m = mask.map(|m| prep::<B, FloatKind>(m, &xl, true));
         let w = prep::<B, FloatKind>(weight, &xl, false);
         let b = opt::<B>(bias, &xl);
-        run_batch::<B, _>(&x, xs.shards.len(), true, |i| {
+        run_batch::<B>(&x, xs.shards.len(), true, |i| {
             B::deform_conv2d(
                 xs.shards[i].clone(),
                 off.shards[i].clone(),
@@ -185,7 +221,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         options: UnfoldOptions,
     ) -> FloatTensor<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-        run_batch::<B, _>(&x, xs.shards.len(), true, |i| {
+        run_batch::<B>(&x, xs.shards.len(), true, |i| {
             B::unfold4d(xs.shards[i].clone(), kernel_size, options.clone())
         })
     }
@@ -198,7 +234,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         ceil: bool,
     ) -> FloatTensor<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-        run_batch::<B, _>(&x, xs.shards.len(), true, |i| {
+        run_batch::<B>(&x, xs.shards.len(), true, |i| {
             B::avg_pool2d(xs.shards[i].clone(), k, s, p, cip, ceil)
         })
     }
@@ -213,7 +249,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
     ) -> FloatTensor<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
         let g = prep::<B, FloatKind>(grad, &x.layout, true);
-        run_batch::<B, _>(&x, xs.shards.len(), true, |i| {
+        run_batch::<B>(&x, xs.shards.len(), true, |i| {
             B::avg_pool2d_backward(
                 xs.shards[i].clone(),
                 g.shards[i].clone(),
@@ -227,7 +263,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
     }
     fn adaptive_avg_pool2d(x: FloatTensor<Self>, output_size: [usize; 2]) -> FloatTensor<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-        run_batch::<B, _>(&x, xs.shards.len(), true, |i| {
+        run_batch::<B>(&x, xs.shards.len(), true, |i| {
             B::adaptive_avg_pool2d(xs.shards[i].clone(), output_size)
         })
     }
@@ -237,7 +273,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
     ) -> FloatTensor<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
         let g = prep::<B, FloatKind>(grad, &x.layout, true);
-        run_batch::<B, _>(&x, xs.shards.len(), true, |i| {
+        run_batch::<B>(&x, xs.shards.len(), true, |i| {
             B::adaptive_avg_pool2d_backward(xs.shards[i].clone(), g.shards[i].clone())
         })
     }
@@ -250,7 +286,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         ceil: bool,
     ) -> FloatTensor<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-        run_batch::<B, _>(&x, xs.shards.len(), true, |i| {
+        run_batch::<B>(&x, xs.shards.len(), true, |i| {
             B::max_pool2d(xs.shards[i].clone(), k, s, p, d, ceil)
         })
     }
@@ -263,7 +299,13 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         ceil: bool,
     ) -> MaxPool2dWithIndices<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-        let both = run_batch::<B, _>(&x, xs.shards.len(), true, |i| {
+        let empty = |p: &Pair<_, _>| {
+            Pair(
+                empty_batch::<B, FloatKind>(&p.0),
+                empty_batch::<B, IntKind>(&p.1),
+            )
+        };
+        let both = run_batch_with::<B, _>(&x, xs.shards.len(), true, empty, |i| {
             let r = B::max_pool2d_with_indices(xs.shards[i].clone(), k, s, p, d, ceil);
             Pair(r.output, r.indices)
         });
@@ -287,7 +329,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
         let g = prep::<B, FloatKind>(output_grad, &x.layout, true);
         let ix = prep::<B, IntKind>(indices, &x.layout, true);
-        MaxPool2dBackward::new(run_batch::<B, _>(&x, xs.shards.len(), true, |i| {
+        MaxPool2dBackward::new(run_batch::<B>(&x, xs.shards.len(), true, |i| {
             B::max_pool2d_with_indices_backward(
                 xs.shards[i].clone(),
                 k,
@@ -307,7 +349,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         options: InterpolateOptions,
     ) -> FloatTensor<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-        run_batch::<B, _>(&x, xs.shards.len(), true, |i| {
+        run_batch::<B>(&x, xs.shards.len(), true, |i| {
             B::interpolate(xs.shards[i].clone(), output_size, options.clone())
         })
     }
@@ -319,7 +361,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
     ) -> FloatTensor<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
         let g = prep::<B, FloatKind>(grad, &x.layout, true);
-        run_batch::<B, _>(&x, xs.shards.len(), true, |i| {
+        run_batch::<B>(&x, xs.shards.len(), true, |i| {
             B::interpolate_backward(
                 xs.shards[i].clone(),
                 g.shards[i].clone(),
@@ -351,7 +393,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
             let b = t.shape[0] == n;
             prep::<B, FloatKind>(t, &ql, b)
         });
-        run_batch::<B, _>(&query, q.shards.len(), true, |i| {
+        run_batch::<B>(&query, q.shards.len(), true, |i| {
             B::attention(
                 q.shards[i].clone(),
                 k.shards[i].clone(),
@@ -404,7 +446,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
     }
 }
 
-/// Two per-shard outputs carried through [`run_batch`] together.
+/// Two per-shard outputs carried through [`run_batch_with`] together.
 #[derive(Clone, Debug)]
 struct Pair<A, B>(A, B);
 impl<A: TensorMetadata, B: Clone + Send + Sync + std::fmt::Debug> TensorMetadata for Pair<A, B> {

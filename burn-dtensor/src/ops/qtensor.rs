@@ -18,9 +18,18 @@ use crate::tensor::{DTensor, FloatKind, IntKind};
 /// The quantized primitive: a replicated [`DTensor`] of `B`'s quantized primitives.
 pub type QTensor<B> = DTensor<<B as BackendTypes>::QuantizedTensorPrimitive>;
 
+/// The inner primitive's settings: propagation decides how Burn's default quantized ops
+/// compute, so it must be the inner backend's for equal results (the accumulation precision,
+/// whose type Burn does not re-export, keeps the trait's default `F32`, as every 0.21 backend).
 impl<P: QTensorPrimitive> QTensorPrimitive for DTensor<P> {
     fn scheme(&self) -> &QuantScheme {
         self.shards[0].scheme()
+    }
+    fn propagation(&self) -> burn::tensor::quantization::QuantPropagation {
+        self.shards[0].propagation()
+    }
+    fn default_scheme() -> QuantScheme {
+        P::default_scheme()
     }
 }
 

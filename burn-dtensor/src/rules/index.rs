@@ -67,3 +67,45 @@ pub fn along_dim_aligned(ls: &[&Layout], dim: usize) -> Strategy {
 pub fn cat(ls: &[&Layout], dim: usize) -> Strategy {
     along_dim_aligned(ls, dim)
 }
+
+/// `gather_nd(data, indices)` with `indices` of shape `[i_0, .., i_{m-2}, k]` (each row a
+/// coordinate into `data`'s first `k` dims): output `[i_0, .., i_{m-2}, d_k, .., d_{r-1}]`.
+///
+/// Per shard when `data`'s indexed dims `0..k` and the indices' coordinate dim are whole: the
+/// indices' batch dims stay sharded (they become the output's leading dims) and so do `data`'s
+/// trailing dims `k..` (the output's trailing dims). An axis sharding both keeps the indices'
+/// dim (the data's is gathered). Pending reductions are settled first (the output is not partial).
+pub fn gather_nd(data: &Layout, indices: &Layout, k: usize) -> Strategy {
+    let (r, m) = (data.rank(), indices.rank());
+    let mut d = unsharded_on(data, &(0..k).collect::<Vec<_>>());
+    let i = unsharded_on(indices, &[m - 1]);
+    for j in k..r {
+        if d.dims[j].is_some_and(|a| i.axis_dim(a).is_some()) {
+            d.dims[j] = None;
+        }
+    }
+    let mut out = Layout::replicated_on(&data.mesh, m - 1 + r - k);
+    out.dims[..m - 1].copy_from_slice(&i.dims[..m - 1]);
+    out.dims[m - 1..].copy_from_slice(&d.dims[k..]);
+    Strategy {
+        inputs: vec![d, i],
+        output: out,
+    }
+}
+
+/// `scatter_nd(data, indices, values, op)`, shapes as in [`gather_nd`] (`values` has the shape
+/// `gather_nd` would give). Per shard when `data`'s indexed dims `0..k` are whole and every device
+/// sees every update: the indices are replicated and so are the values' batch dims, while
+/// `data`'s trailing dims `k..` stay sharded with the values' trailing dims aligned to them (each
+/// device applies all updates to its chunk, in the same order as on one device, so duplicate
+/// indices resolve as on the inner backend). The output has `data`'s layout.
+pub fn scatter_nd(data: &Layout, indices: &Layout, k: usize) -> Strategy {
+    let (r, m) = (data.rank(), indices.rank());
+    let d = unsharded_on(data, &(0..k).collect::<Vec<_>>());
+    let mut v = Layout::replicated_on(&data.mesh, m - 1 + r - k);
+    v.dims[m - 1..].copy_from_slice(&d.dims[k..]);
+    Strategy {
+        inputs: vec![d.clone(), Layout::replicated_on(&data.mesh, m), v],
+        output: d,
+    }
+}
