@@ -16,14 +16,11 @@ use burn_dtensor::CommLog;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 
-/// The flags of `imdb_mlp`.
-#[derive(Parser, Debug)]
-#[command(
-    name = "imdb_mlp",
-    about = "IMDB sentiment MLP (TF-IDF 1200 -> 48 relu -> BatchNorm -> 2) on burn-dtensor, as the TensorFlow DTensor tutorial"
-)]
-pub struct Args {
-    /// Parallel mode: picks the tutorial's mesh and layout map.
+/// The flags `imdb_mlp` and `imdb_learner` share: mesh, layout map, backend, training
+/// settings, data and outputs.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RunFlags {
+    /// Parallel mode: picks the tutorial's mesh and layout map (see the README's table).
     #[arg(long, value_enum, default_value = "data")]
     pub mode: Mode,
     /// Override the mesh, e.g. "batch=4,model=2" (its size must equal --devices).
@@ -53,9 +50,6 @@ pub struct Args {
     /// Learning rate (default: 1e-3 for Adam, 1e-2 for SGD as in the tutorial).
     #[arg(long)]
     pub lr: Option<f64>,
-    /// Loss reduction over the batch.
-    #[arg(long, value_enum, default_value = "mean")]
-    pub loss: LossReduction,
     /// What to do with a batch the batch axis cannot shard evenly.
     #[arg(long, value_enum, default_value = "uneven")]
     pub drop_policy: DropPolicy,
@@ -65,21 +59,12 @@ pub struct Args {
     /// aclImdb: the .tar.gz or the extracted directory (else $IMDB_DATA, else the cache, else download).
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// Save model and optimizer state here at each epoch's end.
-    #[arg(long)]
-    pub checkpoint_dir: Option<PathBuf>,
-    /// Resume from a checkpoint written in any mode.
-    #[arg(long)]
-    pub resume: Option<PathBuf>,
     /// Write the trained weights for single-device inference (see the imdb_predict example).
     #[arg(long)]
     pub export: Option<PathBuf>,
-    /// Write a JSON summary of the run.
+    /// Write a JSON summary of the run (losses, accuracies, settings).
     #[arg(long)]
     pub summary_json: Option<PathBuf>,
-    /// Skip the test-set evaluation.
-    #[arg(long)]
-    pub no_eval: bool,
     /// Draw the loss and accuracy curves of the run into this SVG file.
     #[arg(long)]
     pub plot: Option<PathBuf>,
@@ -87,6 +72,30 @@ pub struct Args {
     /// a terminal), then train.
     #[arg(long)]
     pub show_layouts: bool,
+}
+
+/// The flags of `imdb_mlp`.
+#[derive(Parser, Debug)]
+#[command(
+    name = "imdb_mlp",
+    about = "IMDB sentiment MLP (TF-IDF 1200 -> 48 relu -> BatchNorm -> 2) on burn-dtensor, as the TensorFlow DTensor tutorial"
+)]
+pub struct Args {
+    /// Mesh, layout map, backend, training settings, data, outputs.
+    #[command(flatten)]
+    pub run: RunFlags,
+    /// Loss reduction over the batch.
+    #[arg(long, value_enum, default_value = "mean")]
+    pub loss: LossReduction,
+    /// Save model and optimizer state here at each epoch's end.
+    #[arg(long)]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Resume from a checkpoint written in any mode.
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// Skip the test-set evaluation.
+    #[arg(long)]
+    pub no_eval: bool,
 }
 
 /// Inner backend of the example.
@@ -168,15 +177,15 @@ fn run<P: Placement>(
         n: 0,
     };
     let (summary, model) = train::train(p, cfg, data, &mut bars)?;
-    if let Some(path) = &args.summary_json {
+    if let Some(path) = &args.run.summary_json {
         std::fs::write(path, serde_json::to_string_pretty(&summary).unwrap())
             .map_err(|e| AppError::Config(format!("cannot write {}: {e}", path.display())))?;
     }
-    if let Some(path) = &args.plot {
+    if let Some(path) = &args.run.plot {
         crate::plot::plot_runs(&[(&summary).into()], path)?;
         println!("curves drawn to {}", path.display());
     }
-    if let Some(path) = &args.export {
+    if let Some(path) = &args.run.export {
         train::export(model.valid(), &data.vectorizer, path)?;
         println!("exported to {} (+ .vectorizer.json)", path.display());
     }
@@ -200,19 +209,22 @@ fn with_backend<I: Backend>(
     data: &Prepared,
 ) -> Result<(), AppError> {
     let device = I::Device::default();
-    if args.mode == Mode::Single {
+    if args.run.mode == Mode::Single {
         return run(&Single::<I> { device }, args, cfg, data);
     }
-    let (mesh, map) =
-        train::mesh_and_layout_map(args.mode, args.mesh.as_deref(), args.layout_map.as_deref())?;
-    let p = Distributed::<I>::new(&mesh, args.devices, device, map)?;
+    let (mesh, map) = train::mesh_and_layout_map(
+        args.run.mode,
+        args.run.mesh.as_deref(),
+        args.run.layout_map.as_deref(),
+    )?;
+    let p = Distributed::<I>::new(&mesh, args.run.devices, device, map)?;
     println!(
         "mesh [{}] over {} virtual {} devices",
         p.mesh,
-        args.devices,
+        args.run.devices,
         I::name(&Default::default())
     );
-    if args.show_layouts {
+    if args.run.show_layouts {
         print!("{}", show_layouts(&p, cfg.batch_size)?);
     }
     run(&p, args, cfg, data)
@@ -295,15 +307,15 @@ pub fn check_outputs(
 /// axis, unshardable batch size under `--drop-policy strict`) as a typed [`AppError`].
 pub fn run_args(args: Args) -> Result<(), AppError> {
     let cfg = TrainConfig {
-        mode: args.mode,
-        epochs: args.epochs,
-        max_steps: args.max_steps,
-        batch_size: args.batch_size,
-        optimizer: args.optimizer,
-        lr: args.lr.unwrap_or(args.optimizer.default_lr()),
-        seed: args.seed,
+        mode: args.run.mode,
+        epochs: args.run.epochs,
+        max_steps: args.run.max_steps,
+        batch_size: args.run.batch_size,
+        optimizer: args.run.optimizer,
+        lr: args.run.lr.unwrap_or(args.run.optimizer.default_lr()),
+        seed: args.run.seed,
         loss: args.loss,
-        drop_policy: args.drop_policy,
+        drop_policy: args.run.drop_policy,
         eval: !args.no_eval,
         checkpoint_dir: args.checkpoint_dir.clone(),
         resume: args.resume.clone(),
@@ -311,9 +323,9 @@ pub fn run_args(args: Args) -> Result<(), AppError> {
     // Validate every input before the (slow) data preparation.
     train::check_lr(cfg.lr)?;
     check_outputs(
-        args.summary_json.as_deref(),
-        args.export.as_deref(),
-        args.plot.as_deref(),
+        args.run.summary_json.as_deref(),
+        args.run.export.as_deref(),
+        args.run.plot.as_deref(),
     )?;
     if let Some(d) = &args.checkpoint_dir {
         crate::checkpoint::check_writable(d)?;
@@ -323,15 +335,15 @@ pub fn run_args(args: Args) -> Result<(), AppError> {
         let fresh = crate::model::ImdbMlp::<burn::backend::NdArray>::new(&Default::default());
         loaded.check(&crate::checkpoint::param_shapes(&fresh), cfg.optimizer)?;
     }
-    if args.mode != Mode::Single {
+    if args.run.mode != Mode::Single {
         let (mesh, map) = train::mesh_and_layout_map(
-            args.mode,
-            args.mesh.as_deref(),
-            args.layout_map.as_deref(),
+            args.run.mode,
+            args.run.mesh.as_deref(),
+            args.run.layout_map.as_deref(),
         )?;
         let p = Distributed::<burn::backend::NdArray>::new(
             &mesh,
-            args.devices,
+            args.run.devices,
             Default::default(),
             map,
         )?;
@@ -340,7 +352,7 @@ pub fn run_args(args: Args) -> Result<(), AppError> {
         // are lazy: nothing is allocated).
         p.prepare_model(crate::model::ImdbMlp::new(&p.device()))?;
     }
-    let path = imdb::resolve_source(args.data.as_deref())?;
+    let path = imdb::resolve_source(args.run.data.as_deref())?;
     println!("loading {} ...", path.display());
     let t = std::time::Instant::now();
     let data = train::prepare(&path)?;
@@ -351,7 +363,7 @@ pub fn run_args(args: Args) -> Result<(), AppError> {
         data.vectorizer.vocab_size(),
         t.elapsed().as_secs_f64()
     );
-    match args.backend {
+    match args.run.backend {
         BackendKind::Ndarray => with_backend::<burn::backend::NdArray>(&args, &cfg, &data),
         BackendKind::Flex => with_backend::<burn::backend::Flex>(&args, &cfg, &data),
         #[cfg(feature = "wgpu")]

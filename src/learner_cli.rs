@@ -7,14 +7,11 @@ use std::sync::Arc;
 use burn::tensor::backend::Backend;
 use clap::Parser;
 
-use crate::batch::DropPolicy;
-use crate::cli::BackendKind;
+use crate::cli::{BackendKind, RunFlags};
 use crate::data::imdb;
 use crate::learner::{self, LearnerError, LearnerOptions, LearnerSummary, RendererKind};
 use crate::model::LossReduction;
-use crate::train::{
-    self, AppError, Distributed, Mode, OptimizerKind, Placement, Single, TrainConfig,
-};
+use crate::train::{self, AppError, Distributed, Mode, Placement, Single, TrainConfig};
 
 /// The flags of `imdb_learner`.
 #[derive(Parser, Debug)]
@@ -23,45 +20,9 @@ use crate::train::{
     about = "IMDB sentiment MLP on burn-dtensor, trained with burn-train's Learner (metrics, TUI, checkpoints)"
 )]
 pub struct LearnerArgs {
-    /// Parallel mode: picks the tutorial's mesh and layout map (as imdb_mlp).
-    #[arg(long, value_enum, default_value = "data")]
-    pub mode: Mode,
-    /// Override the mesh, e.g. "batch=4,model=2" (its size must equal --devices).
-    #[arg(long)]
-    pub mesh: Option<String>,
-    /// Number of (virtual) devices.
-    #[arg(long, default_value_t = 8)]
-    pub devices: usize,
-    /// Override the layout map with a TOML file (`"regex" = ["axis"|"unsharded", ...]`).
-    #[arg(long)]
-    pub layout_map: Option<PathBuf>,
-    /// Inner backend.
-    #[arg(long, value_enum, default_value = "ndarray")]
-    pub backend: BackendKind,
-    /// Total epochs.
-    #[arg(long, default_value_t = 2)]
-    pub epochs: usize,
-    /// At most this many steps per epoch.
-    #[arg(long)]
-    pub max_steps: Option<usize>,
-    /// Global batch size.
-    #[arg(long, default_value_t = 64)]
-    pub batch_size: usize,
-    /// Optimizer.
-    #[arg(long, value_enum, default_value = "adam")]
-    pub optimizer: OptimizerKind,
-    /// Learning rate (default: 1e-3 for Adam, 1e-2 for SGD as in the tutorial).
-    #[arg(long)]
-    pub lr: Option<f64>,
-    /// What to do with a batch the batch axis cannot shard evenly.
-    #[arg(long, value_enum, default_value = "uneven")]
-    pub drop_policy: DropPolicy,
-    /// Seed of the weights and of the data order.
-    #[arg(long, default_value_t = 42)]
-    pub seed: u64,
-    /// aclImdb: the .tar.gz or the extracted directory (else $IMDB_DATA, else the cache, else download).
-    #[arg(long)]
-    pub data: Option<PathBuf>,
+    /// Mesh, layout map, backend, training settings, data, outputs (as `imdb_mlp`'s).
+    #[command(flatten)]
+    pub run: RunFlags,
     /// burn-train's artifact directory (metric logs, experiment.log, checkpoint/); default:
     /// `<temp dir>/burn-dtensor-imdb-learner/<mode>`.
     #[arg(long)]
@@ -76,33 +37,21 @@ pub struct LearnerArgs {
     /// Validation batch size (the test split, after each epoch).
     #[arg(long, default_value_t = 2048)]
     pub valid_batch_size: usize,
-    /// Write the trained weights for single-device inference (see the imdb_predict example).
-    #[arg(long)]
-    pub export: Option<PathBuf>,
-    /// Write a JSON summary of the run (per-iteration losses, per-epoch validation).
-    #[arg(long)]
-    pub summary_json: Option<PathBuf>,
-    /// Draw the loss per iteration and the test accuracy per epoch into this SVG file.
-    #[arg(long)]
-    pub plot: Option<PathBuf>,
-    /// Print every parameter's layout and the input batch's as device-block tables.
-    #[arg(long)]
-    pub show_layouts: bool,
 }
 
 impl LearnerArgs {
     /// The run's [`TrainConfig`] (imdb_mlp's fields; the mean loss).
     pub fn train_config(&self) -> TrainConfig {
         TrainConfig {
-            mode: self.mode,
-            epochs: self.epochs,
-            max_steps: self.max_steps,
-            batch_size: self.batch_size,
-            optimizer: self.optimizer,
-            lr: self.lr.unwrap_or(self.optimizer.default_lr()),
-            seed: self.seed,
+            mode: self.run.mode,
+            epochs: self.run.epochs,
+            max_steps: self.run.max_steps,
+            batch_size: self.run.batch_size,
+            optimizer: self.run.optimizer,
+            lr: self.run.lr.unwrap_or(self.run.optimizer.default_lr()),
+            seed: self.run.seed,
             loss: LossReduction::Mean,
-            drop_policy: self.drop_policy,
+            drop_policy: self.run.drop_policy,
             eval: true,
             checkpoint_dir: None,
             resume: None,
@@ -116,7 +65,7 @@ impl LearnerArgs {
             artifact_dir: self.artifact_dir.clone().unwrap_or_else(|| {
                 default
                     .artifact_dir
-                    .join(format!("{:?}", self.mode).to_lowercase())
+                    .join(format!("{:?}", self.run.mode).to_lowercase())
             }),
             checkpoints: !self.no_checkpoints,
             resume_epoch: self.resume_epoch,
@@ -139,7 +88,7 @@ fn run<P: Placement + Send + Sync + 'static>(
     train::check_batch(cfg.batch_size, p.batch_axis(), cfg.drop_policy)?;
     p.prepare_model(crate::model::ImdbMlp::new(&p.device()))?;
     learner::check_options(&cfg, &opts)?;
-    let path = imdb::resolve_source(args.data.as_deref()).map_err(AppError::from)?;
+    let path = imdb::resolve_source(args.run.data.as_deref()).map_err(AppError::from)?;
     println!("loading {} ...", path.display());
     let t = std::time::Instant::now();
     let data = train::prepare(&path)?;
@@ -161,15 +110,15 @@ fn run<P: Placement + Send + Sync + 'static>(
         Arc::new(data.test),
         &opts,
     )?;
-    if let Some(path) = &args.summary_json {
+    if let Some(path) = &args.run.summary_json {
         std::fs::write(path, serde_json::to_string_pretty(&summary).unwrap())
             .map_err(|e| AppError::Config(format!("cannot write {}: {e}", path.display())))?;
     }
-    if let Some(path) = &args.plot {
+    if let Some(path) = &args.run.plot {
         crate::plot::plot_runs(&[(&summary).into()], path)?;
         println!("curves drawn to {}", path.display());
     }
-    if let Some(path) = &args.export {
+    if let Some(path) = &args.run.export {
         train::export(model, &data.vectorizer, path)?;
         println!("exported to {} (+ .vectorizer.json)", path.display());
     }
@@ -186,20 +135,23 @@ fn run<P: Placement + Send + Sync + 'static>(
 
 fn with_backend<I: Backend>(args: &LearnerArgs) -> Result<LearnerSummary, LearnerError> {
     let device = I::Device::default();
-    if args.mode == Mode::Single {
+    if args.run.mode == Mode::Single {
         return run(Single::<I> { device }, args);
     }
-    let (mesh, map) =
-        train::mesh_and_layout_map(args.mode, args.mesh.as_deref(), args.layout_map.as_deref())?;
-    let p = Distributed::<I>::new(&mesh, args.devices, device, map)?;
+    let (mesh, map) = train::mesh_and_layout_map(
+        args.run.mode,
+        args.run.mesh.as_deref(),
+        args.run.layout_map.as_deref(),
+    )?;
+    let p = Distributed::<I>::new(&mesh, args.run.devices, device, map)?;
     println!(
         "mesh [{}] over {} virtual {} devices",
         p.mesh,
-        args.devices,
+        args.run.devices,
         I::name(&Default::default())
     );
-    if args.show_layouts {
-        print!("{}", crate::cli::show_layouts(&p, args.batch_size)?);
+    if args.run.show_layouts {
+        print!("{}", crate::cli::show_layouts(&p, args.run.batch_size)?);
     }
     run(p, args)
 }
@@ -213,11 +165,11 @@ fn with_backend<I: Backend>(args: &LearnerArgs) -> Result<LearnerSummary, Learne
 pub fn run_args(args: LearnerArgs) -> Result<LearnerSummary, LearnerError> {
     train::check_lr(args.train_config().lr)?;
     crate::cli::check_outputs(
-        args.summary_json.as_deref(),
-        args.export.as_deref(),
-        args.plot.as_deref(),
+        args.run.summary_json.as_deref(),
+        args.run.export.as_deref(),
+        args.run.plot.as_deref(),
     )?;
-    match args.backend {
+    match args.run.backend {
         BackendKind::Ndarray => with_backend::<burn::backend::NdArray>(&args),
         BackendKind::Flex => with_backend::<burn::backend::Flex>(&args),
         #[cfg(feature = "wgpu")]

@@ -82,6 +82,45 @@ pub trait DistributedOps: Backend {
     }
 }
 
+/// The int and bool hooks of [`DistributedOps`] for a backend whose int and bool primitives
+/// are the decorator's own (`DistributedBackend<B>`, and `Autodiff` over it, which passes int and
+/// bool tensors through): each hook is the identity.
+macro_rules! pass_through_int_bool_hooks {
+    ($b:ident) => {
+        fn int_dtensor(
+            t: &burn::tensor::ops::IntTensor<Self>,
+        ) -> &crate::tensor::DTensor<burn::tensor::ops::IntTensor<$b>> {
+            t
+        }
+        fn int_into_dtensor(
+            t: burn::tensor::ops::IntTensor<Self>,
+        ) -> crate::tensor::DTensor<burn::tensor::ops::IntTensor<$b>> {
+            t
+        }
+        fn int_from_dtensor(
+            t: crate::tensor::DTensor<burn::tensor::ops::IntTensor<$b>>,
+        ) -> burn::tensor::ops::IntTensor<Self> {
+            t
+        }
+        fn bool_dtensor(
+            t: &burn::tensor::ops::BoolTensor<Self>,
+        ) -> &crate::tensor::DTensor<burn::tensor::ops::BoolTensor<$b>> {
+            t
+        }
+        fn bool_into_dtensor(
+            t: burn::tensor::ops::BoolTensor<Self>,
+        ) -> crate::tensor::DTensor<burn::tensor::ops::BoolTensor<$b>> {
+            t
+        }
+        fn bool_from_dtensor(
+            t: crate::tensor::DTensor<burn::tensor::ops::BoolTensor<$b>>,
+        ) -> burn::tensor::ops::BoolTensor<Self> {
+            t
+        }
+    };
+}
+pub(crate) use pass_through_int_bool_hooks;
+
 impl<B: Backend> DistributedOps for DistributedBackend<B> {
     type Inner = B;
     fn float_dtensor(t: &FloatTensor<Self>) -> &DTensor<FloatTensor<B>> {
@@ -93,24 +132,7 @@ impl<B: Backend> DistributedOps for DistributedBackend<B> {
     fn float_from_dtensor(t: DTensor<FloatTensor<B>>) -> FloatTensor<Self> {
         t
     }
-    fn int_dtensor(t: &IntTensor<Self>) -> &DTensor<IntTensor<B>> {
-        t
-    }
-    fn int_into_dtensor(t: IntTensor<Self>) -> DTensor<IntTensor<B>> {
-        t
-    }
-    fn int_from_dtensor(t: DTensor<IntTensor<B>>) -> IntTensor<Self> {
-        t
-    }
-    fn bool_dtensor(t: &BoolTensor<Self>) -> &DTensor<BoolTensor<B>> {
-        t
-    }
-    fn bool_into_dtensor(t: BoolTensor<Self>) -> DTensor<BoolTensor<B>> {
-        t
-    }
-    fn bool_from_dtensor(t: DTensor<BoolTensor<B>>) -> BoolTensor<Self> {
-        t
-    }
+    crate::api::pass_through_int_bool_hooks!(B);
     fn q_layout(t: &QuantizedTensor<Self>) -> Layout {
         (*t.layout).clone()
     }
@@ -426,6 +448,32 @@ where
 /// shard `i` must have the per-shard shape `layout` gives device `i` (see
 /// [`Layout::shard_ranges`]). Replicated dims must hold equal values on every device, which is
 /// not checked (as in PyTorch).
+///
+/// ```
+/// use burn::backend::NdArray;
+/// use burn::backend::ndarray::NdArrayDevice;
+/// use burn::tensor::Tensor;
+/// use burn_dtensor::{DTensorError, DTensorExt, Layout, Mesh, from_local_shards};
+///
+/// let mesh = Mesh::virtual_devices([("batch", 2)], NdArrayDevice::Cpu)?;
+/// let rows = Layout::batch_sharded(&mesh, "batch", 2)?;
+/// let dev = NdArrayDevice::Cpu;
+/// // Global [3, 2] over 2 devices: 2 rows on device 0, 1 row on device 1.
+/// let shards = vec![
+///     Tensor::<NdArray, 2>::from_data([[1.0, 2.0], [3.0, 4.0]], &dev),
+///     Tensor::<NdArray, 2>::from_data([[5.0, 6.0]], &dev),
+/// ];
+/// let x = from_local_shards(shards, [3, 2], &rows)?;
+/// assert_eq!(x.describe(), "f32[3@batch, 2]");
+/// assert_eq!(x.into_data().to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+/// // A shard of the wrong per-shard shape is refused.
+/// let bad = vec![Tensor::<NdArray, 2>::zeros([1, 2], &dev); 2];
+/// assert!(matches!(
+///     from_local_shards(bad, [3, 2], &rows),
+///     Err(DTensorError::ShardShapeMismatch { index: 0, .. })
+/// ));
+/// # Ok::<(), DTensorError>(())
+/// ```
 ///
 /// # Errors
 /// [`DTensorError::ShardCountMismatch`] when `shards.len()` is not the mesh size,

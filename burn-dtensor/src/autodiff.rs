@@ -11,7 +11,7 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::backend::Backend;
-use burn::tensor::ops::{BoolTensor, FloatTensor, IntTensor};
+use burn::tensor::ops::FloatTensor;
 
 use crate::api::DistributedOps;
 use crate::backend::DistributedBackend;
@@ -50,24 +50,7 @@ impl<B: Backend, C: CheckpointStrategy> DistributedOps for Autodiff<DistributedB
     fn float_from_dtensor(t: DTensor<FloatTensor<B>>) -> FloatTensor<Self> {
         Self::from_inner(t)
     }
-    fn int_dtensor(t: &IntTensor<Self>) -> &DTensor<IntTensor<B>> {
-        t
-    }
-    fn int_into_dtensor(t: IntTensor<Self>) -> DTensor<IntTensor<B>> {
-        t
-    }
-    fn int_from_dtensor(t: DTensor<IntTensor<B>>) -> IntTensor<Self> {
-        t
-    }
-    fn bool_dtensor(t: &BoolTensor<Self>) -> &DTensor<BoolTensor<B>> {
-        t
-    }
-    fn bool_into_dtensor(t: BoolTensor<Self>) -> DTensor<BoolTensor<B>> {
-        t
-    }
-    fn bool_from_dtensor(t: DTensor<BoolTensor<B>>) -> BoolTensor<Self> {
-        t
-    }
+    crate::api::pass_through_int_bool_hooks!(B);
     fn q_layout(t: &burn::tensor::ops::QuantizedTensor<Self>) -> Layout {
         (*t.layout).clone()
     }
