@@ -74,6 +74,66 @@ pub struct RunFlags {
     pub show_layouts: bool,
 }
 
+impl RunFlags {
+    /// The run's [`TrainConfig`]: these flags, the learning rate defaulting to the optimizer's,
+    /// with the settings only one example has (loss reduction, evaluation, checkpoints).
+    pub fn train_config(
+        &self,
+        loss: LossReduction,
+        eval: bool,
+        checkpoint_dir: Option<PathBuf>,
+        resume: Option<PathBuf>,
+    ) -> TrainConfig {
+        TrainConfig {
+            mode: self.mode,
+            epochs: self.epochs,
+            max_steps: self.max_steps,
+            batch_size: self.batch_size,
+            optimizer: self.optimizer,
+            lr: self.lr.unwrap_or(self.optimizer.default_lr()),
+            seed: self.seed,
+            loss,
+            drop_policy: self.drop_policy,
+            eval,
+            checkpoint_dir,
+            resume,
+        }
+    }
+
+    /// The distributed placement on inner backend `I` (on its default device): `--mesh` and
+    /// `--layout-map`, or the tutorial's for `--mode` ([`train::mesh_and_layout_map`]), over
+    /// `--devices` virtual devices. Not for `--mode single`.
+    ///
+    /// # Errors
+    /// A malformed mesh or layout map, a mesh/device-count mismatch, an axis the mesh lacks.
+    pub fn distributed<I: Backend>(&self) -> Result<Distributed<I>, AppError> {
+        let (mesh, map) = train::mesh_and_layout_map(
+            self.mode,
+            self.mesh.as_deref(),
+            self.layout_map.as_deref(),
+        )?;
+        Distributed::<I>::new(&mesh, self.devices, I::Device::default(), map)
+    }
+
+    /// Prints the mesh of `p` and, with `--show-layouts`, every parameter's and the input
+    /// batch's layout ([`show_layouts`]).
+    ///
+    /// # Errors
+    /// Layout-map errors.
+    pub fn announce<I: Backend>(&self, p: &Distributed<I>) -> Result<(), AppError> {
+        println!(
+            "mesh [{}] over {} virtual {} devices",
+            p.mesh,
+            self.devices,
+            I::name(&Default::default())
+        );
+        if self.show_layouts {
+            print!("{}", show_layouts(p, self.batch_size)?);
+        }
+        Ok(())
+    }
+}
+
 /// The flags of `imdb_mlp`.
 #[derive(Parser, Debug)]
 #[command(
@@ -208,25 +268,12 @@ fn with_backend<I: Backend>(
     cfg: &TrainConfig,
     data: &Prepared,
 ) -> Result<(), AppError> {
-    let device = I::Device::default();
     if args.run.mode == Mode::Single {
+        let device = I::Device::default();
         return run(&Single::<I> { device }, args, cfg, data);
     }
-    let (mesh, map) = train::mesh_and_layout_map(
-        args.run.mode,
-        args.run.mesh.as_deref(),
-        args.run.layout_map.as_deref(),
-    )?;
-    let p = Distributed::<I>::new(&mesh, args.run.devices, device, map)?;
-    println!(
-        "mesh [{}] over {} virtual {} devices",
-        p.mesh,
-        args.run.devices,
-        I::name(&Default::default())
-    );
-    if args.run.show_layouts {
-        print!("{}", show_layouts(&p, cfg.batch_size)?);
-    }
+    let p = args.run.distributed::<I>()?;
+    args.run.announce(&p)?;
     run(&p, args, cfg, data)
 }
 
@@ -306,20 +353,12 @@ pub fn check_outputs(
 /// Every bad input (missing or corrupt data, malformed layout map, mesh/device mismatch, unknown
 /// axis, unshardable batch size under `--drop-policy strict`) as a typed [`AppError`].
 pub fn run_args(args: Args) -> Result<(), AppError> {
-    let cfg = TrainConfig {
-        mode: args.run.mode,
-        epochs: args.run.epochs,
-        max_steps: args.run.max_steps,
-        batch_size: args.run.batch_size,
-        optimizer: args.run.optimizer,
-        lr: args.run.lr.unwrap_or(args.run.optimizer.default_lr()),
-        seed: args.run.seed,
-        loss: args.loss,
-        drop_policy: args.run.drop_policy,
-        eval: !args.no_eval,
-        checkpoint_dir: args.checkpoint_dir.clone(),
-        resume: args.resume.clone(),
-    };
+    let cfg = args.run.train_config(
+        args.loss,
+        !args.no_eval,
+        args.checkpoint_dir.clone(),
+        args.resume.clone(),
+    );
     // Validate every input before the (slow) data preparation.
     train::check_lr(cfg.lr)?;
     check_outputs(
@@ -336,17 +375,7 @@ pub fn run_args(args: Args) -> Result<(), AppError> {
         loaded.check(&crate::checkpoint::param_shapes(&fresh), cfg.optimizer)?;
     }
     if args.run.mode != Mode::Single {
-        let (mesh, map) = train::mesh_and_layout_map(
-            args.run.mode,
-            args.run.mesh.as_deref(),
-            args.run.layout_map.as_deref(),
-        )?;
-        let p = Distributed::<burn::backend::NdArray>::new(
-            &mesh,
-            args.run.devices,
-            Default::default(),
-            map,
-        )?;
+        let p = args.run.distributed::<burn::backend::NdArray>()?;
         train::check_batch(cfg.batch_size, p.batch_axis(), cfg.drop_policy)?;
         // Rules that match no parameter, or of the wrong rank, fail here too (the parameters
         // are lazy: nothing is allocated).

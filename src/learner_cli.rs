@@ -11,7 +11,7 @@ use crate::cli::{BackendKind, RunFlags};
 use crate::data::imdb;
 use crate::learner::{self, LearnerError, LearnerOptions, LearnerSummary, RendererKind};
 use crate::model::LossReduction;
-use crate::train::{self, AppError, Distributed, Mode, Placement, Single, TrainConfig};
+use crate::train::{self, AppError, Mode, Placement, Single, TrainConfig};
 
 /// The flags of `imdb_learner`.
 #[derive(Parser, Debug)]
@@ -42,20 +42,7 @@ pub struct LearnerArgs {
 impl LearnerArgs {
     /// The run's [`TrainConfig`] (imdb_mlp's fields; the mean loss).
     pub fn train_config(&self) -> TrainConfig {
-        TrainConfig {
-            mode: self.run.mode,
-            epochs: self.run.epochs,
-            max_steps: self.run.max_steps,
-            batch_size: self.run.batch_size,
-            optimizer: self.run.optimizer,
-            lr: self.run.lr.unwrap_or(self.run.optimizer.default_lr()),
-            seed: self.run.seed,
-            loss: LossReduction::Mean,
-            drop_policy: self.run.drop_policy,
-            eval: true,
-            checkpoint_dir: None,
-            resume: None,
-        }
+        self.run.train_config(LossReduction::Mean, true, None, None)
     }
 
     /// The Learner settings of the run.
@@ -134,25 +121,12 @@ fn run<P: Placement + Send + Sync + 'static>(
 }
 
 fn with_backend<I: Backend>(args: &LearnerArgs) -> Result<LearnerSummary, LearnerError> {
-    let device = I::Device::default();
     if args.run.mode == Mode::Single {
+        let device = I::Device::default();
         return run(Single::<I> { device }, args);
     }
-    let (mesh, map) = train::mesh_and_layout_map(
-        args.run.mode,
-        args.run.mesh.as_deref(),
-        args.run.layout_map.as_deref(),
-    )?;
-    let p = Distributed::<I>::new(&mesh, args.run.devices, device, map)?;
-    println!(
-        "mesh [{}] over {} virtual {} devices",
-        p.mesh,
-        args.run.devices,
-        I::name(&Default::default())
-    );
-    if args.run.show_layouts {
-        print!("{}", crate::cli::show_layouts(&p, args.run.batch_size)?);
-    }
+    let p = args.run.distributed::<I>()?;
+    args.run.announce(&p)?;
     run(p, args)
 }
 

@@ -10,12 +10,8 @@ use burn_dtensor::*;
 type Inner = NdArray;
 type B = DistributedBackend<Inner>;
 
-fn mesh(axes: &[(&str, usize)]) -> Mesh<burn::backend::ndarray::NdArrayDevice> {
-    Mesh::virtual_devices(
-        axes.iter().map(|(a, s)| (a.to_string(), *s)),
-        Default::default(),
-    )
-    .unwrap()
+fn mesh<const N: usize>(axes: [(&str, usize); N]) -> Mesh<burn::backend::ndarray::NdArrayDevice> {
+    Mesh::virtual_devices(axes, Default::default()).unwrap()
 }
 
 fn table(layout: &Layout, shape: &[usize]) -> String {
@@ -24,7 +20,7 @@ fn table(layout: &Layout, shape: &[usize]) -> String {
 
 #[test]
 fn data_parallel_input_is_one_row_block_per_device() {
-    let m = mesh(&[("batch", 8)]);
+    let m = mesh([("batch", 8)]);
     let l = Layout::batch_sharded(&m, "batch", 2).unwrap();
     let t = table(&l, &[16, 1200]);
     assert_eq!(
@@ -67,7 +63,7 @@ replicated: every device holds the whole tensor
 
 #[test]
 fn model_parallel_weights_split_over_the_model_axis() {
-    let m = mesh(&[("batch", 4), ("model", 2)]);
+    let m = mesh([("batch", 4), ("model", 2)]);
     // dense2.weight [48, 2] sharded on its input dim: devices with model index 0 are the even ones.
     assert_eq!(
         table(&Layout::new(&m, ["model", "unsharded"]).unwrap(), &[48, 2]),
@@ -96,7 +92,7 @@ fn model_parallel_weights_split_over_the_model_axis() {
 
 #[test]
 fn spatial_parallel_input_is_a_grid() {
-    let m = mesh(&[("batch", 2), ("feature", 2), ("model", 2)]);
+    let m = mesh([("batch", 2), ("feature", 2), ("model", 2)]);
     assert_eq!(
         table(&Layout::new(&m, ["batch", "feature"]).unwrap(), &[64, 1200]),
         "\
@@ -113,7 +109,7 @@ fn spatial_parallel_input_is_a_grid() {
 
 #[test]
 fn partial_and_higher_rank_layouts() {
-    let m = mesh(&[("batch", 4), ("model", 2)]);
+    let m = mesh([("batch", 4), ("model", 2)]);
     let partial = Layout::replicated(&m, 2).with_partial(0, ReduceOp::Sum);
     assert_eq!(
         table(&partial, &[2, 3]),
@@ -157,7 +153,7 @@ partial: each block's devices hold values whose sum over batch is the tensor
 
 #[test]
 fn rank_mismatch_is_a_typed_error() {
-    let m = mesh(&[("batch", 2)]);
+    let m = mesh([("batch", 2)]);
     let err = visualize_sharding(&Layout::replicated(&m, 2), &[4], false).unwrap_err();
     assert!(
         matches!(
@@ -218,7 +214,7 @@ fn blocks(t: &str) -> Vec<Block> {
 /// tensor sliced by hand), and every device appears in exactly one block.
 #[test]
 fn drawn_blocks_are_the_devices_shards() {
-    let m = mesh(&[("batch", 2), ("feature", 2), ("model", 2)]);
+    let m = mesh([("batch", 2), ("feature", 2), ("model", 2)]);
     let (rows, cols) = (6, 5);
     let values: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
     for spec in [
