@@ -192,20 +192,42 @@ pub fn save<B: AutodiffBackend, O: Optimizer<ImdbMlp<B>, B>>(
     dir: &Path,
     model: &ImdbMlp<B>,
     optim: &O,
-    mut state: CheckpointState,
+    state: CheckpointState,
 ) -> Result<(), AppError> {
-    std::fs::create_dir_all(dir).map_err(|e| err(dir, e))?;
     let name = epoch_dir_name(state.epochs_done);
     let tmp = dir.join(format!(".tmp-{name}"));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(|e| err(&tmp, e))?;
-    }
-    std::fs::create_dir(&tmp).map_err(|e| err(&tmp, e))?;
+    // Recording gathers every tensor's global value (across processes in an SPMD run, where
+    // every rank takes part); then the chief (rank 0) alone writes, and the others wait for its
+    // commit, so a checkpoint is one set of global tensors whatever the mesh or process count.
     let rec = Rec::new();
     let model_bytes = Recorder::<B>::record(&rec, model.clone().into_record(), ())
         .map_err(|e| err(&tmp.join("model.mpk"), e))?;
     let optim_bytes = Recorder::<B>::record(&rec, optim.to_record(), ())
         .map_err(|e| err(&tmp.join("optim.mpk"), e))?;
+    let world = burn_dtensor::spmd::init()?;
+    if !world.is_chief() {
+        world.barrier();
+        return Ok(());
+    }
+    let r = write_epoch(dir, &name, &tmp, model, model_bytes, optim_bytes, state);
+    world.barrier();
+    r
+}
+
+fn write_epoch<B: AutodiffBackend>(
+    dir: &Path,
+    name: &str,
+    tmp: &Path,
+    model: &ImdbMlp<B>,
+    model_bytes: Vec<u8>,
+    optim_bytes: Vec<u8>,
+    mut state: CheckpointState,
+) -> Result<(), AppError> {
+    std::fs::create_dir_all(dir).map_err(|e| err(dir, e))?;
+    if tmp.exists() {
+        std::fs::remove_dir_all(tmp).map_err(|e| err(tmp, e))?;
+    }
+    std::fs::create_dir(tmp).map_err(|e| err(tmp, e))?;
     state.params = param_shapes(model);
     state.files = BTreeMap::from([
         ("model.mpk".to_string(), FileDigest::of(&model_bytes)),
@@ -215,8 +237,8 @@ pub fn save<B: AutodiffBackend, O: Optimizer<ImdbMlp<B>, B>>(
     write_synced(&tmp.join("optim.mpk"), &optim_bytes)?;
     let json = serde_json::to_vec_pretty(&state).expect("checkpoint state serialises");
     write_synced(&tmp.join("state.json"), &json)?;
-    sync_dir(&tmp);
-    let final_dir = dir.join(&name);
+    sync_dir(tmp);
+    let final_dir = dir.join(name);
     if final_dir.exists() {
         // A directory of the same epoch that LATEST may name: never touch it in place. Move it
         // aside first (LATEST, if it names it, then names nothing until the commit below, and a
@@ -225,7 +247,7 @@ pub fn save<B: AutodiffBackend, O: Optimizer<ImdbMlp<B>, B>>(
         let _ = std::fs::remove_dir_all(&aside);
         std::fs::rename(&final_dir, &aside).map_err(|e| err(&final_dir, e))?;
     }
-    std::fs::rename(&tmp, &final_dir).map_err(|e| err(&final_dir, e))?;
+    std::fs::rename(tmp, &final_dir).map_err(|e| err(&final_dir, e))?;
     sync_dir(dir);
     write_point();
     let latest_tmp = dir.join(format!("{LATEST}.tmp"));

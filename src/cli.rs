@@ -236,7 +236,32 @@ fn run<P: Placement>(
         acc: 0.0,
         n: 0,
     };
-    let (summary, model) = train::train(p, cfg, data, &mut bars)?;
+    let world = burn_dtensor::spmd::init()?;
+    // In an SPMD run every rank trains; the chief (rank 0) reports and writes the outputs.
+    let (summary, model) = if world.is_chief() {
+        train::train(p, cfg, data, &mut bars)?
+    } else {
+        train::train(p, cfg, data, &mut train::Quiet)?
+    };
+    if let Some(path) = &args.run.export {
+        // Exporting gathers every weight (a collective): every rank records, the chief's file
+        // is the one kept.
+        let out = if world.is_chief() {
+            path.clone()
+        } else {
+            std::env::temp_dir().join(format!("dtensor-export-rank{}", world.rank()))
+        };
+        train::export(model.valid(), &data.vectorizer, &out)?;
+        if world.is_chief() {
+            println!("exported to {} (+ .vectorizer.json)", path.display());
+        } else {
+            let _ = std::fs::remove_file(out.with_extension("mpk"));
+            let _ = std::fs::remove_file(train::vectorizer_path(&out));
+        }
+    }
+    if !world.is_chief() {
+        return Ok(());
+    }
     if let Some(path) = &args.run.summary_json {
         std::fs::write(path, serde_json::to_string_pretty(&summary).unwrap())
             .map_err(|e| AppError::Config(format!("cannot write {}: {e}", path.display())))?;
@@ -244,10 +269,6 @@ fn run<P: Placement>(
     if let Some(path) = &args.run.plot {
         crate::plot::plot_runs(&[(&summary).into()], path)?;
         println!("curves drawn to {}", path.display());
-    }
-    if let Some(path) = &args.run.export {
-        train::export(model.valid(), &data.vectorizer, path)?;
-        println!("exported to {} (+ .vectorizer.json)", path.display());
     }
     println!(
         "done: mode {:?}, mesh [{}], {} steps, median step {:.2} ms, wall {:.1} s, test accuracy {}",
@@ -380,6 +401,20 @@ pub fn run_args(args: Args) -> Result<(), AppError> {
         // Rules that match no parameter, or of the wrong rank, fail here too (the parameters
         // are lazy: nothing is allocated).
         p.prepare_model(crate::model::ImdbMlp::new(&p.device()))?;
+        // SPMD start-up handshake (free in one process): every rank must train the same model
+        // the same way (the mesh was checked when it was built).
+        let world = burn_dtensor::spmd::init()?;
+        world.agree("seed", &cfg.seed.to_string())?;
+        world.agree("layout map", &format!("{:?}", p.layout_map.rules()))?;
+        world.agree("training configuration", &format!("{cfg:?}"))?;
+        if world.size() > 1 && world.is_chief() {
+            println!(
+                "SPMD: {} processes ({}), {} devices each",
+                world.size(),
+                world.engine(),
+                args.run.devices / world.size()
+            );
+        }
     }
     let path = imdb::resolve_source(args.run.data.as_deref())?;
     println!("loading {} ...", path.display());

@@ -353,15 +353,27 @@ impl<I: Backend> Distributed<I> {
     /// (`devices` must equal the product of the axis sizes), parameters laid out by `layout_map`,
     /// the input sharded `[batch, feature]` over whichever of those axes the mesh has.
     ///
+    /// Under `mpirun -n N` the mesh spans the N processes ([`Mesh::spmd`]): each process owns
+    /// `devices / N` virtual copies of `device` (one contiguous block of the mesh); alone, it owns
+    /// all of them. The training code is the same either way.
+    ///
     /// # Errors
-    /// Mesh parse errors, [`burn_dtensor::DTensorError::DeviceCountMismatch`].
+    /// Mesh parse errors, [`burn_dtensor::DTensorError::DeviceCountMismatch`], `devices` not
+    /// divisible by the process count, the SPMD start-up errors of [`Mesh::spmd`].
     pub fn new(
         mesh_spec: &str,
         devices: usize,
         device: I::Device,
         layout_map: LayoutMap,
     ) -> Result<Self, AppError> {
-        let mesh = Mesh::parse(mesh_spec, vec![device; devices])?;
+        let world = burn_dtensor::spmd::init()?;
+        if devices % world.size() != 0 {
+            return Err(AppError::Config(format!(
+                "--devices {devices} cannot be split over {} processes: give a multiple of the process count",
+                world.size()
+            )));
+        }
+        let mesh = Mesh::parse_spmd(mesh_spec, vec![device; devices / world.size()])?;
         let has = |a: &str| mesh.topology().axis_index(a).is_ok();
         let spec = [
             if has("batch") { "batch" } else { UNSHARDED },
@@ -467,10 +479,27 @@ pub struct Summary {
     pub median_step_ms: f64,
     /// Wall time of the run (training and evaluation, excluding data preparation), s.
     pub wall_s: f64,
-    /// The collectives of one training step (the first of the last epoch).
+    /// The collectives of one training step (the first of the last epoch), as this process saw
+    /// them (see `burn_dtensor::CommEvent::across_processes`).
     pub comm_per_step: Vec<CommEvent>,
+    /// Bytes of one step by link kind (this process's devices): in process, across processes.
+    #[serde(default)]
+    pub comm_bytes_in_process: u64,
+    /// See `comm_bytes_in_process`.
+    #[serde(default)]
+    pub comm_bytes_across_processes: u64,
+    /// Processes of the run (1 without `mpirun`).
+    #[serde(default = "one")]
+    pub world_size: usize,
+    /// Rank of the process that wrote this summary (0: the chief writes it).
+    #[serde(default)]
+    pub rank: usize,
     /// The configuration.
     pub config: TrainConfig,
+}
+
+fn one() -> usize {
+    1
 }
 
 pub use crate::checkpoint::CheckpointState;
@@ -636,7 +665,11 @@ fn train_with<P: Placement, O: Optimizer<ImdbMlp<P::AD>, P::AD>>(
         epoch_test_accuracy: test_accs,
         median_step_ms: median,
         wall_s: t_run.elapsed().as_secs_f64(),
+        comm_bytes_in_process: comm.bytes_by_link().0,
+        comm_bytes_across_processes: comm.bytes_by_link().1,
         comm_per_step: comm.events,
+        world_size: burn_dtensor::spmd::init()?.size(),
+        rank: burn_dtensor::spmd::init()?.rank(),
         config: cfg.clone(),
     };
     Ok((summary, model))

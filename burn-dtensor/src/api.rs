@@ -490,7 +490,7 @@ where
     <K as BasicOps<B>>::Elem: burn::tensor::Element,
 {
     layout.check_rank(D)?;
-    let n = layout.mesh.size();
+    let n = layout.mesh.local_size();
     if shards.len() != n {
         return Err(DTensorError::ShardCountMismatch {
             expected: n,
@@ -499,7 +499,7 @@ where
     }
     let mut prims = Vec::with_capacity(n);
     for (i, s) in shards.into_iter().enumerate() {
-        let expected = local_shape(layout, &shape, i);
+        let expected = local_shape(layout, &shape, layout.mesh.global(i));
         if s.dims().to_vec() != expected {
             return Err(DTensorError::ShardShapeMismatch {
                 index: i,

@@ -9,6 +9,12 @@
 //! - all-to-all: each device receives `(k-1)/k` of its local buffer;
 //! - broadcast: each non-root device receives `s`.
 //!
+//! On a multi-process mesh ([`crate::Mesh::spmd`]) each process records what its own devices
+//! receive: the in-process part by the formulas above with `k` the positions the process owns
+//! along the axis, plus [`CommEvent::across_processes`], the bytes it received from other
+//! processes (through the engine; all-reduce counts `2 (p-1)/p` of the buffer for `p` processes,
+//! all-gather what arrived). [`CommLog::bytes_by_link`] splits the totals by link kind.
+//!
 //! Scopes are per thread (Burn runs the backward pass on the calling thread), so tests that
 //! run in parallel do not see each other's collectives.
 
@@ -58,6 +64,9 @@ pub struct CommEvent {
     pub bytes: u64,
     /// Global shape of the tensor involved.
     pub shape: Vec<usize>,
+    /// The part of `bytes` that crossed processes (0 on a single-process mesh).
+    #[serde(default)]
+    pub across_processes: u64,
 }
 
 thread_local! {
@@ -65,13 +74,25 @@ thread_local! {
 }
 
 pub(crate) fn record(kind: CollectiveKind, axis: &str, bytes: u64, shape: &[usize]) {
+    record_across(kind, axis, bytes, 0, shape)
+}
+
+/// As [`record`], with `across` more bytes received from other processes.
+pub(crate) fn record_across(
+    kind: CollectiveKind,
+    axis: &str,
+    bytes: u64,
+    across: u64,
+    shape: &[usize],
+) {
     SCOPES.with(|s| {
         for scope in s.borrow_mut().iter_mut() {
             scope.push(CommEvent {
                 kind,
                 axis: axis.to_string(),
-                bytes,
+                bytes: bytes + across,
                 shape: shape.to_vec(),
+                across_processes: across,
             });
         }
     });
@@ -171,6 +192,11 @@ impl CommLog {
     /// Total bytes.
     pub fn total_bytes(&self) -> u64 {
         self.events.iter().map(|e| e.bytes).sum()
+    }
+    /// Total bytes by link kind: `(in process, across processes)`.
+    pub fn bytes_by_link(&self) -> (u64, u64) {
+        let across: u64 = self.events.iter().map(|e| e.across_processes).sum();
+        (self.total_bytes() - across, across)
     }
     /// `(kind, axis) -> (count, bytes)`.
     pub fn summary(&self) -> BTreeMap<(CollectiveKind, String), (usize, u64)> {

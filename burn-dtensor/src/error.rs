@@ -170,6 +170,43 @@ pub enum DTensorError {
         /// What went wrong.
         reason: String,
     },
+    /// The processes of an SPMD run cannot tile the mesh with one contiguous block each.
+    #[error(
+        "mesh {mesh} ({global} positions) cannot be split over {processes} processes of {local} devices each: {reason}"
+    )]
+    ProcessGrid {
+        /// The mesh, `batch=4,model=2`.
+        mesh: String,
+        /// Positions in the mesh (product of the axis sizes).
+        global: usize,
+        /// Processes in the run.
+        processes: usize,
+        /// Devices each process contributes.
+        local: usize,
+        /// What does not fit, and how to fix it.
+        reason: String,
+    },
+    /// The processes of an SPMD run disagree on something that must be equal on all of them
+    /// (mesh, layout map, seed): they were started with different flags or files.
+    #[error(
+        "the processes disagree on the {what}: rank {rank} has {theirs}, rank {me} has {ours}; start every process with the same flags and files"
+    )]
+    ProcessMismatch {
+        /// What differs (`mesh`, `layout map`, `seed`, ...).
+        what: String,
+        /// This process's rank.
+        me: usize,
+        /// This process's value (or its hash).
+        ours: String,
+        /// The first rank that differs.
+        rank: usize,
+        /// Its value (or hash).
+        theirs: String,
+    },
+    /// Joining the process world failed (see the message), e.g. a run under `mpirun` of a binary
+    /// built without the `mpi` feature.
+    #[error("multi-process start-up failed: {0}")]
+    Spmd(String),
     /// Host data whose dtype is not supported by `distribute` (e.g. quantized data).
     #[error("unsupported data for this operation: {0}")]
     Unsupported(String),

@@ -70,6 +70,7 @@ mod ops;
 mod redistribute;
 mod rules;
 mod shard;
+pub mod spmd;
 mod stack;
 mod tensor;
 mod visualize;

@@ -23,6 +23,11 @@ pub struct MeshTopology {
     /// tensor created on this mesh is sharded over mesh axis `creation[i]` (when `Some`); empty
     /// (the default): created tensors are replicated.
     pub(crate) creation: Vec<Option<usize>>,
+    /// How the positions are split over the processes of an SPMD run ([`Mesh::spmd`]); the
+    /// default (one process) has no groups and no position table.
+    pub(crate) grid: crate::spmd::ProcessGrid,
+    /// Whether the mesh spans several processes (`grid.world_size > 1`).
+    pub(crate) multi: bool,
 }
 
 impl MeshTopology {
@@ -75,6 +80,63 @@ impl MeshTopology {
                     .collect::<Vec<_>>()
                     .join(", "),
             })
+    }
+    /// Whether the mesh spans several processes ([`Mesh::spmd`] in a world of more than one).
+    pub fn is_multi_process(&self) -> bool {
+        self.multi
+    }
+    /// The process grid: which block of positions each process owns.
+    pub fn process_grid(&self) -> &crate::spmd::ProcessGrid {
+        &self.grid
+    }
+    /// Number of positions this process owns (its addressable shards): [`MeshTopology::size`]
+    /// in one process.
+    pub fn local_size(&self) -> usize {
+        if self.multi {
+            self.grid.positions.len()
+        } else {
+            self.size()
+        }
+    }
+    /// The global flat index of this process's `j`-th addressable position (`j` itself in one
+    /// process).
+    #[inline]
+    pub fn global(&self, j: usize) -> usize {
+        if self.multi {
+            self.grid.positions[j]
+        } else {
+            j
+        }
+    }
+    /// The process group along axis `a`, when more than one process lies along it.
+    pub(crate) fn process_group(
+        &self,
+        a: usize,
+    ) -> Option<&std::sync::Arc<dyn crate::spmd::ProcessGroup>> {
+        self.grid.groups.get(a).and_then(Option::as_ref)
+    }
+    /// Positions along axis `a` owned by each process (the axis size in one process).
+    pub fn local_axis_size(&self, a: usize) -> usize {
+        if self.multi {
+            self.grid.local_sizes[a]
+        } else {
+            self.axes[a].1
+        }
+    }
+    /// [`MeshTopology::groups`] restricted to this process's positions, as indices into its
+    /// addressable shards: the in-process part of a collective along `a`, each group ordered by
+    /// coordinate. In one process, the groups themselves.
+    pub fn local_groups(&self, a: usize) -> Vec<Vec<usize>> {
+        if !self.multi {
+            return self.groups(a);
+        }
+        let l = &self.grid.local_sizes;
+        let stride: usize = l[a + 1..].iter().product();
+        let n = self.grid.positions.len();
+        (0..n)
+            .filter(|&j| (j / stride) % l[a] == 0)
+            .map(|base| (0..l[a]).map(|k| base + k * stride).collect())
+            .collect()
     }
     /// Coordinate of the device with flat (row-major) index `flat` along every axis.
     pub fn coords(&self, flat: usize) -> Vec<usize> {
@@ -159,21 +221,7 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
         devices: Vec<D>,
     ) -> Result<Self> {
         let axes: Vec<(String, usize)> = axes.into_iter().map(|(n, s)| (n.into(), s)).collect();
-        for (i, (n, s)) in axes.iter().enumerate() {
-            if n.is_empty() || *s == 0 || n == crate::layout::UNSHARDED {
-                return Err(DTensorError::InvalidAxis {
-                    axis: n.clone(),
-                    size: *s,
-                });
-            }
-            if let Some(j) = axes[..i].iter().position(|(m, _)| m == n) {
-                return Err(DTensorError::DuplicateMeshAxis {
-                    axis: n.clone(),
-                    first: j,
-                    second: i,
-                });
-            }
-        }
+        check_axes(&axes)?;
         let expected: usize = axes.iter().map(|(_, s)| s).product();
         if expected != devices.len() {
             let shape = axes
@@ -187,7 +235,52 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
                 given: devices.len(),
             });
         }
-        Ok(Self::intern(axes, devices, stacked_default(), Vec::new()))
+        Ok(Self::intern(
+            axes,
+            devices,
+            stacked_default(),
+            Vec::new(),
+            Default::default(),
+        ))
+    }
+
+    /// A mesh spanning every process of the SPMD world ([`crate::spmd::init`]): `axes` over
+    /// `local_devices.len()` devices per process, the same count on every process. Process `r`
+    /// owns the `r`-th contiguous row-major block of positions (which must be a box: the trailing
+    /// axes whole, then a divisor of one axis) and holds only their shards. In a world of one
+    /// process this is [`Mesh::new`] (the single-process fast path: stacked execution and all).
+    /// Collective: every process builds the same meshes in the same order.
+    ///
+    /// `mpirun -n 4` over `Mesh::spmd([("batch", 4), ("model", 2)], vec![dev; 2])`: rank `r` owns
+    /// batch row `r`, both model columns.
+    ///
+    /// Multi-process meshes run per device (no stacked form) and move data between processes
+    /// through host memory (the MPI engine).
+    ///
+    /// # Errors
+    /// As [`Mesh::new`] for the axes; [`DTensorError::ProcessGrid`] when the processes' devices
+    /// do not tile the mesh in boxes; [`DTensorError::ProcessMismatch`] when processes ask for
+    /// different meshes; [`DTensorError::Spmd`] when the world cannot start.
+    pub fn spmd<S: Into<String>>(
+        axes: impl IntoIterator<Item = (S, usize)>,
+        local_devices: Vec<D>,
+    ) -> Result<Self> {
+        let world = crate::spmd::init()?;
+        let axes: Vec<(String, usize)> = axes.into_iter().map(|(n, s)| (n.into(), s)).collect();
+        if world.size() == 1 {
+            return Self::new(axes, local_devices);
+        }
+        check_axes(&axes)?;
+        let grid = crate::spmd::grid(&axes, local_devices.len(), world)?;
+        Ok(Self::intern(axes, local_devices, false, Vec::new(), grid))
+    }
+
+    /// [`Mesh::spmd`] from `"batch=4,model=2"`.
+    ///
+    /// # Errors
+    /// [`DTensorError::MeshParse`], then as [`Mesh::spmd`].
+    pub fn parse_spmd(spec: &str, local_devices: Vec<D>) -> Result<Self> {
+        Self::spmd(parse_axes(spec)?, local_devices)
     }
 
     /// A mesh whose every position is a virtual copy of one inner device (the usual CPU setup:
@@ -206,7 +299,13 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
 
     /// The mesh of one device and no axes: every tensor on it is replicated (whole).
     pub fn single(device: D) -> Self {
-        Self::intern(Vec::new(), vec![device], false, Vec::new())
+        Self::intern(
+            Vec::new(),
+            vec![device],
+            false,
+            Vec::new(),
+            Default::default(),
+        )
     }
 
     /// Parses `"batch=4,model=2"` into axes and builds the mesh over `devices`.
@@ -229,6 +328,7 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
             self.devices.to_vec(),
             on,
             self.topo.creation.clone(),
+            self.topo.grid.clone(),
         )
     }
 
@@ -261,6 +361,7 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
             self.devices.to_vec(),
             self.topo.stacked,
             creation,
+            self.topo.grid.clone(),
         ))
     }
 
@@ -269,14 +370,18 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
         devices: Vec<D>,
         stacked: bool,
         creation: Vec<Option<usize>>,
+        grid: crate::spmd::ProcessGrid,
     ) -> Self {
-        let stacked = stacked && devices.len() > 1 && devices.iter().all(|d| *d == devices[0]);
+        let multi = grid.world_size > 1;
+        let stacked =
+            stacked && !multi && devices.len() > 1 && devices.iter().all(|d| *d == devices[0]);
         let mut reg = registry().lock().unwrap();
         for entry in reg.iter() {
             if let Some(m) = entry.downcast_ref::<Mesh<D>>()
                 && m.topo.axes == axes
                 && m.topo.stacked == stacked
                 && m.topo.creation == creation
+                && m.topo.grid == grid
                 && *m.devices == devices
             {
                 return m.clone();
@@ -294,6 +399,8 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
                 strides,
                 stacked,
                 creation,
+                grid,
+                multi,
             }),
             devices: Arc::new(devices),
         };
@@ -329,13 +436,14 @@ impl<D> Mesh<D> {
     pub fn topology(&self) -> &Arc<MeshTopology> {
         &self.topo
     }
-    /// The inner devices in row-major order (virtual devices repeat).
+    /// The inner devices of this process's positions, row-major (virtual devices repeat): every
+    /// device of the mesh in one process, the addressable ones in an SPMD run ([`Mesh::spmd`]).
     pub fn devices(&self) -> &[D] {
         &self.devices
     }
-    /// Number of devices.
+    /// Number of positions of the whole mesh (every process's).
     pub fn size(&self) -> usize {
-        self.devices.len()
+        self.topo.size()
     }
     /// The interned id (stable for the life of the process).
     pub fn id(&self) -> u16 {
@@ -354,6 +462,26 @@ impl<D> fmt::Display for Mesh<D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.topo)
     }
+}
+
+/// Axis names non-empty, distinct and not `unsharded`; sizes positive.
+fn check_axes(axes: &[(String, usize)]) -> Result<()> {
+    for (i, (n, s)) in axes.iter().enumerate() {
+        if n.is_empty() || *s == 0 || n == crate::layout::UNSHARDED {
+            return Err(DTensorError::InvalidAxis {
+                axis: n.clone(),
+                size: *s,
+            });
+        }
+        if let Some(j) = axes[..i].iter().position(|(m, _)| m == n) {
+            return Err(DTensorError::DuplicateMeshAxis {
+                axis: n.clone(),
+                first: j,
+                second: i,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Stacked execution's default: on, unless `BURN_DTENSOR_STACKED=0`.

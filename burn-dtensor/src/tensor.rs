@@ -14,7 +14,9 @@ use crate::shard;
 /// A distributed tensor: global `shape`, its `layout` on a mesh, and its shards in one of two
 /// forms:
 /// - **per device** (`stacked == false`): `shards[i]` is the inner primitive held by mesh device
-///   `i` (row-major), of the per-shard shape [`shard::local_shape`] gives;
+///   `i` (row-major), of the per-shard shape [`shard::local_shape`] gives; on a multi-process
+///   mesh, only this process's positions (see [`crate::spmd`]): `shards[j]` is position
+///   [`MeshTopology::global`](crate::MeshTopology::global)`(j)`;
 /// - **stacked** (`stacked == true`, virtual meshes only, see [`crate::stack`]): `shards` holds
 ///   one primitive of shape [`shard::stack_shape`]: one leading dim per mesh axis (the axis size
 ///   where the layout uses the axis, else 1), then the per-shard shape.
@@ -86,7 +88,7 @@ impl<P> DTensor<P> {
             shape.len(),
             "layout {layout} vs shape {shape:?}"
         );
-        debug_assert_eq!(layout.mesh.size(), shards.len());
+        debug_assert_eq!(layout.mesh.local_size(), shards.len());
         let reduced = layout.is_partial().then(Arc::default);
         Self {
             shape,
@@ -183,9 +185,10 @@ impl<P> DTensor<P> {
     {
         self.materialized().shards
     }
-    /// Per-shard shape of device `flat`.
-    pub fn local_shape(&self, flat: usize) -> Vec<usize> {
-        shard::local_shape(&self.layout, &self.shape, flat)
+    /// Per-shard shape of this process's `j`-th shard (the mesh position
+    /// [`MeshTopology::global`](crate::MeshTopology::global)`(j)`; device `j` in one process).
+    pub fn local_shape(&self, j: usize) -> Vec<usize> {
+        shard::local_shape(&self.layout, &self.shape, self.layout.mesh.global(j))
     }
 }
 

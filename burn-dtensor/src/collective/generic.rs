@@ -6,6 +6,7 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Slice, TensorMetadata};
 
+use super::across;
 use crate::comm::{self, CollectiveKind};
 use crate::inner::threads_for;
 use crate::layout::ReduceOp;
@@ -127,7 +128,8 @@ fn fused_cat<B: Backend, K: Kind<B>>(parts: &[K::P], dim: usize) -> Option<K::P>
     None
 }
 
-/// All-reduce along `axis`: every device ends with the `op`-reduction of its group's shards.
+/// All-reduce along `axis`: every device ends with the `op`-reduction of its group's shards
+/// (on a multi-process mesh: the in-process reduction, then across the axis' processes).
 pub fn all_reduce<B: Backend, K: Kind<B>>(
     shards: &mut [K::P],
     topo: &MeshTopology,
@@ -135,11 +137,12 @@ pub fn all_reduce<B: Backend, K: Kind<B>>(
     op: ReduceOp,
     global: &[usize],
 ) {
-    let k = topo.axis_size(axis) as u64;
-    let mut bytes = 0;
-    for group in topo.groups(axis) {
+    let k = topo.local_axis_size(axis) as u64;
+    let pg = across::group(topo, axis);
+    let (mut bytes, mut remote) = (0, 0);
+    for group in topo.local_groups(axis) {
         #[cfg(all(feature = "cuda", feature = "nccl"))]
-        {
+        if pg.is_none() {
             let members: Vec<K::P> = group.iter().map(|&i| shards[i].clone()).collect();
             if let Some(reduced) = super::nccl::try_all_reduce(&members, op) {
                 bytes += 2 * (k - 1) * nbytes(&reduced[0]);
@@ -149,20 +152,26 @@ pub fn all_reduce<B: Backend, K: Kind<B>>(
                 continue;
             }
         }
-        let acc = reduce_group::<B, K>(shards, &group, op);
+        let mut acc = reduce_group::<B, K>(shards, &group, op);
         bytes += 2 * (k - 1) * nbytes(&acc);
+        if let Some(pg) = pg {
+            let (v, b) = across::all_reduce::<B, K>(acc, pg, topo, axis, op, global);
+            acc = v;
+            remote += b;
+        }
         set_group::<B, K>(shards, &group, acc);
     }
-    comm::record(
+    comm::record_across(
         CollectiveKind::AllReduce,
         topo.axis_name(axis),
         bytes,
+        remote,
         global,
     );
 }
 
 /// All-gather along `axis` on tensor dim `dim`: each device ends with the concatenation of its
-/// group's shards (in coordinate order).
+/// group's shards (in coordinate order; across processes after the in-process part).
 pub fn all_gather<B: Backend, K: Kind<B>>(
     shards: &mut [K::P],
     topo: &MeshTopology,
@@ -170,35 +179,48 @@ pub fn all_gather<B: Backend, K: Kind<B>>(
     dim: usize,
     global: &[usize],
 ) {
-    let k = topo.axis_size(axis) as u64;
-    let mut bytes = 0;
-    for group in topo.groups(axis) {
-        let dev0 = K::device(&shards[group[0]]);
-        let parts = group
-            .iter()
-            .map(|&i| {
-                let x = shards[i].clone();
-                if K::device(&x) == dev0 {
-                    x
-                } else {
-                    K::to_device(x, &dev0)
-                }
-            })
-            .collect::<Vec<_>>();
-        let full = fused_cat::<B, K>(&parts, dim).unwrap_or_else(|| K::cat(parts, dim));
+    let k = topo.local_axis_size(axis) as u64;
+    let pg = across::group(topo, axis);
+    let (mut bytes, mut remote) = (0, 0);
+    for group in topo.local_groups(axis) {
+        let mut full = gather_group::<B, K>(shards, &group, dim);
         bytes += (k - 1) * nbytes(&full);
+        if let Some(pg) = pg {
+            let (v, b) = across::all_gather::<B, K>(full, pg, topo, axis, dim, global);
+            full = v;
+            remote += b;
+        }
         set_group::<B, K>(shards, &group, full);
     }
-    comm::record(
+    comm::record_across(
         CollectiveKind::AllGather,
         topo.axis_name(axis),
         bytes,
+        remote,
         global,
     );
 }
 
+/// The concatenation along `dim` of a group's shards, on its first member's device.
+fn gather_group<B: Backend, K: Kind<B>>(shards: &[K::P], group: &[usize], dim: usize) -> K::P {
+    let dev0 = K::device(&shards[group[0]]);
+    let parts = group
+        .iter()
+        .map(|&i| {
+            let x = shards[i].clone();
+            if K::device(&x) == dev0 {
+                x
+            } else {
+                K::to_device(x, &dev0)
+            }
+        })
+        .collect::<Vec<_>>();
+    fused_cat::<B, K>(&parts, dim).unwrap_or_else(|| K::cat(parts, dim))
+}
+
 /// Reduce-scatter along `axis`: the group's `op`-reduction, chunked along `dim` (whose full size
-/// is `n`) so that the member with coordinate `c` keeps chunk `c`.
+/// is `n`) so that the member with coordinate `c` keeps chunk `c`. Across processes: the
+/// in-process reduction, an all-reduce across the processes, then each keeps its chunks.
 pub fn reduce_scatter<B: Backend, K: Kind<B>>(
     shards: &mut [K::P],
     topo: &MeshTopology,
@@ -207,21 +229,29 @@ pub fn reduce_scatter<B: Backend, K: Kind<B>>(
     dim: usize,
     global: &[usize],
 ) {
-    let k = topo.axis_size(axis);
-    let mut bytes = 0;
-    for group in topo.groups(axis) {
-        let acc = reduce_group::<B, K>(shards, &group, op);
+    let (k, l) = (topo.axis_size(axis), topo.local_axis_size(axis));
+    let pg = across::group(topo, axis);
+    let (mut bytes, mut remote) = (0, 0);
+    for group in topo.local_groups(axis) {
+        let mut acc = reduce_group::<B, K>(shards, &group, op);
         let n = acc.shape()[dim];
-        bytes += (k as u64 - 1) * nbytes(&acc);
-        for (c, &i) in group.iter().enumerate() {
+        bytes += (l as u64 - 1) * nbytes(&acc);
+        if let Some(pg) = pg {
+            let (v, b) = across::all_reduce::<B, K>(acc, pg, topo, axis, op, global);
+            acc = v;
+            remote += b;
+        }
+        for &i in &group {
             let dev = K::device(&shards[i]);
+            let c = topo.coord(topo.global(i), axis);
             shards[i] = K::to_device(narrow::<B, K>(acc.clone(), dim, chunk(n, k, c)), &dev);
         }
     }
-    comm::record(
+    comm::record_across(
         CollectiveKind::ReduceScatter,
         topo.axis_name(axis),
         bytes,
+        remote,
         global,
     );
 }
@@ -237,8 +267,38 @@ pub fn all_to_all<B: Backend, K: Kind<B>>(
     global: &[usize],
 ) {
     let k = topo.axis_size(axis);
+    if let Some(pg) = across::group(topo, axis) {
+        // Across processes: gathered whole along `from_dim` (in process, then across), then
+        // each device keeps its chunk of `to_dim`.
+        let l = topo.local_axis_size(axis) as u64;
+        let (mut bytes, mut remote) = (0, 0);
+        for group in topo.local_groups(axis) {
+            let block = gather_group::<B, K>(shards, &group, from_dim);
+            bytes += (l - 1) * nbytes(&block);
+            let (full, b) = across::all_gather::<B, K>(block, pg, topo, axis, from_dim, global);
+            remote += b;
+            let n_to = full.shape()[to_dim];
+            for &i in &group {
+                let c = topo.coord(topo.global(i), axis);
+                let dev = K::device(&shards[i]);
+                shards[i] = K::to_device(
+                    narrow::<B, K>(full.clone(), to_dim, chunk(n_to, k, c)),
+                    &dev,
+                );
+            }
+        }
+        comm::record_across(
+            CollectiveKind::AllToAll,
+            topo.axis_name(axis),
+            bytes,
+            remote,
+            global,
+        );
+        return;
+    }
     let mut bytes = 0;
-    for group in topo.groups(axis) {
+    // One process along the axis: a local group is the whole group, in coordinate order.
+    for group in topo.local_groups(axis) {
         let n_to = shards[group[0]].shape()[to_dim];
         let olds: Vec<K::P> = group.iter().map(|&i| shards[i].clone()).collect();
         for (c, &i) in group.iter().enumerate() {
@@ -276,6 +336,10 @@ pub fn broadcast<B: Backend, K: Kind<B>>(
     root: usize,
     global: &[usize],
 ) {
+    assert!(
+        !topo.is_multi_process(),
+        "burn-dtensor: broadcast on a multi-process mesh"
+    );
     let k = topo.axis_size(axis) as u64;
     let mut bytes = 0;
     for group in topo.groups(axis) {
@@ -301,6 +365,10 @@ pub fn local_chunk<B: Backend, K: Kind<B>>(
     let k = topo.axis_size(axis);
     for (i, s) in shards.iter_mut().enumerate() {
         let n = s.shape()[dim];
-        *s = narrow::<B, K>(s.clone(), dim, chunk(n, k, topo.coord(i, axis)));
+        *s = narrow::<B, K>(
+            s.clone(),
+            dim,
+            chunk(n, k, topo.coord(topo.global(i), axis)),
+        );
     }
 }

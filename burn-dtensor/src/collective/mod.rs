@@ -11,11 +11,18 @@
 //! is a `CubeTensor` and falls back to the backend's ops otherwise. With the `nccl` feature,
 //! [`nccl`] runs sum all-reduces across distinct CUDA devices with NCCL.
 //!
+//! On a multi-process mesh ([`crate::Mesh::spmd`]) each collective combines the shards of the
+//! process first, then runs its across-process part ([`across`]) on the axis' process group,
+//! whose engine is one file behind [`crate::spmd::ProcessGroup`]: `mpi` (feature `mpi`).
+//!
 //! [`stacked`] runs them on tensors held in stacked form on a virtual mesh ([`crate::stack`]).
 
+pub(crate) mod across;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod cube;
 pub mod generic;
+#[cfg(feature = "mpi")]
+pub(crate) mod mpi;
 #[cfg(all(feature = "cuda", feature = "nccl"))]
 pub mod nccl;
 pub mod stacked;

@@ -651,9 +651,10 @@ pub fn distribute<B: Backend, K: Kind<B>>(
         };
     }
     let plan = super::dispatch::dedupe_plan(&[&settled], mesh.devices());
-    let computed: Vec<usize> = (0..mesh.size()).filter(|&i| plan[i].is_none()).collect();
+    let n = mesh.devices().len();
+    let computed: Vec<usize> = (0..n).filter(|&i| plan[i].is_none()).collect();
     let mut data = Some(data);
-    let mut shards: Vec<K::P> = Vec::with_capacity(mesh.size());
+    let mut shards: Vec<K::P> = Vec::with_capacity(n);
     for (i, dev) in mesh.devices().iter().enumerate() {
         let p = match plan[i] {
             Some(j) => shards[j].clone(),
@@ -661,7 +662,7 @@ pub fn distribute<B: Backend, K: Kind<B>>(
                 // A device holding the whole tensor gets the host buffer itself on the last upload
                 // (no copy on a single device or a mesh of one), a copy before; a sharded one
                 // copies only its chunk.
-                let ranges = local_ranges(&settled, &shape, i);
+                let ranges = local_ranges(&settled, &shape, layout.mesh.global(i));
                 let whole = ranges
                     .iter()
                     .zip(&shape)
@@ -686,7 +687,20 @@ pub fn distribute<B: Backend, K: Kind<B>>(
 
 /// Downloads the global tensor: partial results are reduced on the mesh, then one device per
 /// distinct chunk is read and the chunks are assembled on the host (no device collective).
+///
+/// On a multi-process mesh every process gets the whole global value: the tensor is all-gathered
+/// to replicated (in process, then across processes), then read from its first shard.
 pub fn into_data<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> TensorData {
+    if t.layout.mesh.multi {
+        let whole = Layout::replicated_on(&t.layout.mesh, t.shape.len());
+        let t = crate::redistribute::execute::<B, K>(t, &whole);
+        let first = t
+            .shards
+            .into_iter()
+            .next()
+            .expect("a process owns a position");
+        return K::into_data(first);
+    }
     let t = if t.layout.is_partial() {
         crate::redistribute::execute::<B, K>(t.clone(), &t.layout.without_partial())
     } else {

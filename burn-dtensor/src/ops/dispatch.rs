@@ -36,7 +36,7 @@ pub(crate) fn dedupe_plan<D: PartialEq>(layouts: &[&Layout], devices: &[D]) -> V
             .filter(|&a| axes[a])
             .fold(0, |k, a| k * topo.axis_size(a) + topo.coord(i, a))
     };
-    let keys: Vec<usize> = (0..devices.len()).map(key).collect();
+    let keys: Vec<usize> = (0..devices.len()).map(|j| key(topo.global(j))).collect();
     (0..devices.len())
         .map(|i| (0..i).find(|&j| keys[j] == keys[i] && devices[j] == devices[i]))
         .collect()
@@ -110,7 +110,7 @@ fn run_each<P: Clone + Send, I: Send>(
 /// inner op on the one shard, with a replicated output: [`solo_map`] builds it without computing a
 /// sharding rule (the decorator's per-op cost on a one-device mesh).
 pub(crate) fn is_solo<P>(t: &DTensor<P>) -> bool {
-    t.shards.len() == 1 && !t.stacked
+    t.shards.len() == 1 && !t.stacked && !t.layout.mesh.multi
 }
 
 /// The only shard of a tensor on a one-device mesh.
@@ -204,7 +204,7 @@ pub fn run1<B: Backend, K1: Kind<B>, KO: Kind<B>>(
         shape,
         s.output.clone(),
         run_each(t.shards, &plan, w, threads_for::<B>(), |i, x| {
-            f(At::Device(i), x)
+            f(At::Device(s.output.mesh.global(i)), x)
         }),
     )
 }
@@ -255,7 +255,7 @@ pub fn run2_weighted<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
         shape,
         s.output.clone(),
         run_each(inputs, &plan, w, threads_for::<B>(), |i, (x, y)| {
-            f(At::Device(i), x, y)
+            f(At::Device(s.output.mesh.global(i)), x, y)
         }),
     )
 }
@@ -302,7 +302,7 @@ pub fn run3<B: Backend, K1: Kind<B>, K2: Kind<B>, K3: Kind<B>, KO: Kind<B>>(
         shape,
         s.output.clone(),
         run_each(inputs, &plan, w, threads_for::<B>(), |i, ((x, y), z)| {
-            f(At::Device(i), x, y, z)
+            f(At::Device(s.output.mesh.global(i)), x, y, z)
         }),
     )
 }
@@ -354,7 +354,7 @@ pub fn run_n<B: Backend, K: Kind<B>, KO: Kind<B>>(
         shape,
         s.output.clone(),
         run_each(per_device, &plan, w, threads_for::<B>(), |i, x| {
-            f(At::Device(i), x)
+            f(At::Device(s.output.mesh.global(i)), x)
         }),
     )
 }
@@ -368,7 +368,9 @@ pub fn create<B: Backend, K: Kind<B>>(
     f: impl Fn(&B::Device) -> K::P + Sync,
 ) -> DTensor<K::P> {
     let layout = Layout::replicated(mesh, shape.len());
-    if let [device] = mesh.devices() {
+    if let [device] = mesh.devices()
+        && !mesh.topology().multi
+    {
         return DTensor::from_parts(shape, layout, vec![f(device)]);
     }
     let created = Layout::created_on(mesh.topology(), shape.len());

@@ -126,7 +126,7 @@ fn run<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout, steps: &[Step]) ->
             Step::MakePartial { axis, op } => {
                 if op == ReduceOp::Sum {
                     for (i, s) in shards.iter_mut().enumerate() {
-                        if topo.coord(i, axis) != 0 {
+                        if topo.coord(topo.global(i), axis) != 0 {
                             *s = K::zeros(s.shape(), &K::device(s), s.dtype());
                         }
                     }

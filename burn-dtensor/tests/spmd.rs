@@ -1,0 +1,324 @@
+//! The promise across processes: on a mesh spanning 2 and 4 processes ([`Mesh::spmd`], MPI),
+//! every op, relayout and gradient gives what `NdArray` gives on the whole tensor, uneven and
+//! empty shards and pending reductions included, and every process's own shards hold their
+//! chunk of it.
+//!
+//! Each test launches itself under `mpirun -np N` (the test binary, this test only, one test
+//! thread); the processes run the body and compare against the oracle they compute alone.
+//! Without `mpirun` or without the `mpi` feature the tests say so and pass, unless
+//! `BURN_DTENSOR_REQUIRE_MPI=1` (CI sets it) makes that a failure.
+
+use std::ops::Range;
+use std::process::Command;
+
+use burn::backend::ndarray::NdArrayDevice;
+use burn::backend::{Autodiff, NdArray};
+use burn::tensor::{Tensor, TensorData};
+use burn_dtensor::{
+    DTensorExt, DistributedBackend, Layout, Mesh, ReduceOp, UNSHARDED, distribute, spmd,
+};
+
+type N = NdArray<f32>;
+type DB = DistributedBackend<NdArray<f32>>;
+type Dev = NdArrayDevice;
+
+/// Runs `name` (this binary's test of that name) as `np` MPI processes; `true` when it ran.
+fn launch(name: &str, np: usize) -> bool {
+    let require = std::env::var("BURN_DTENSOR_REQUIRE_MPI").is_ok_and(|v| v == "1");
+    let skip = |why: &str| {
+        assert!(!require, "{why} (BURN_DTENSOR_REQUIRE_MPI=1)");
+        println!("skipped: {why}");
+        false
+    };
+    if !cfg!(feature = "mpi") {
+        return skip("burn-dtensor built without the `mpi` feature");
+    }
+    if Command::new("mpirun").arg("--version").output().is_err() {
+        return skip("no `mpirun` (apt-get install openmpi-bin libopenmpi-dev)");
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new("timeout")
+        .args(["300", "mpirun", "--allow-run-as-root", "--oversubscribe"])
+        .args(["--mca", "btl", "self,vader,tcp", "-np", &np.to_string()])
+        .arg(&exe)
+        .args([name, "--exact", "--test-threads=1", "--nocapture"])
+        .env("BURN_DTENSOR_SPMD_WORKER", "1")
+        .env("BURN_DTENSOR_COLLECTIVE_TIMEOUT_S", "60")
+        .output()
+        .expect("running mpirun");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "{name} on {np} processes failed ({}):\n{text}",
+        out.status
+    );
+    // Every rank ran the body (not a vacuous pass).
+    let ran = text.matches(&format!("spmd-ok {name}")).count();
+    assert_eq!(ran, np, "{name}: {ran} of {np} ranks finished:\n{text}");
+    true
+}
+
+fn is_worker() -> bool {
+    std::env::var_os("BURN_DTENSOR_SPMD_WORKER").is_some()
+}
+
+fn done(name: &str) {
+    let w = spmd::init().unwrap();
+    println!("spmd-ok {name} (rank {} of {})", w.rank(), w.size());
+}
+
+/// Meshes of 4 and 8 positions, every process holding `size / world` of them.
+fn meshes() -> Vec<Mesh<Dev>> {
+    let n = spmd::init().unwrap().size();
+    let specs: &[&[(&str, usize)]] = &[&[("a", 4)], &[("x", 2), ("y", 2)], &[("x", 2), ("y", 4)]];
+    specs
+        .iter()
+        .map(|s| {
+            let size: usize = s.iter().map(|(_, k)| k).product();
+            Mesh::spmd(s.iter().copied(), vec![Dev::default(); size / n]).unwrap()
+        })
+        .collect()
+}
+
+/// Every rank-2 layout of the mesh (each dim unsharded or on one axis, no axis twice), and each
+/// settled one again with a pending sum over every axis it leaves free.
+fn layouts(m: &Mesh<Dev>) -> Vec<Layout> {
+    let axes: Vec<String> = m.topology().axes().iter().map(|(a, _)| a.clone()).collect();
+    let mut opts = vec![UNSHARDED.to_string()];
+    opts.extend(axes.iter().cloned());
+    let mut out = Vec::new();
+    for d0 in &opts {
+        for d1 in &opts {
+            if d0 == d1 && d0 != UNSHARDED {
+                continue;
+            }
+            let l = Layout::new(m, [d0.as_str(), d1.as_str()]).unwrap();
+            for (i, a) in axes.iter().enumerate() {
+                if d0 != a && d1 != a {
+                    out.push(l.clone().with_partial(i, ReduceOp::Sum));
+                }
+            }
+            out.push(l);
+        }
+    }
+    out
+}
+
+fn data(shape: [usize; 2], seed: usize) -> TensorData {
+    let n = shape[0] * shape[1];
+    let v: Vec<f32> = (0..n)
+        .map(|i| (((i * 7 + seed * 13) % 33) as f32 - 16.0) / 8.0)
+        .collect();
+    TensorData::new(v, shape)
+}
+
+fn extract(v: &[f32], shape: &[usize], ranges: &[Range<usize>]) -> Vec<f32> {
+    let mut out = Vec::new();
+    for i in ranges[0].clone() {
+        for j in ranges[1].clone() {
+            out.push(v[i * shape[1] + j]);
+        }
+    }
+    out
+}
+
+fn close(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-4 * a.abs().max(b.abs()) + 1e-5,
+            "{what}: [{i}] {a} != {b}"
+        );
+    }
+}
+
+/// The gathered value against the oracle, and each of this process's shards against its chunk.
+fn check(what: &str, got: Tensor<DB, 2>, want: Tensor<N, 2>) {
+    let desc = got.describe();
+    let w: Vec<f32> = want.into_data().to_vec().unwrap();
+    let shape = got.dims().to_vec();
+    let g: Vec<f32> = got.clone().into_data().to_vec().unwrap();
+    close(&format!("{what} -> {desc}"), &g, &w);
+    let l = got.layout();
+    let settled = if l.is_partial() {
+        got.relayout(&l.without_partial()).unwrap()
+    } else {
+        got
+    };
+    let sl = settled.layout();
+    let topo = sl.mesh().clone();
+    let shards = settled.to_local_shards();
+    assert_eq!(
+        shards.len(),
+        topo.local_size(),
+        "{what}: addressable shards"
+    );
+    for (j, s) in shards.into_iter().enumerate() {
+        let ranges = sl.shard_ranges(&shape, topo.global(j));
+        let v: Vec<f32> = s.into_data().to_vec().unwrap();
+        close(
+            &format!("{what} -> {desc}: position {}", topo.global(j)),
+            &v,
+            &extract(&w, &shape, &ranges),
+        );
+    }
+}
+
+/// Element-wise, reduction, matmul and relayout on every layout pair, even and uneven shapes.
+#[test]
+fn ops_and_relayouts_across_processes() {
+    let name = "ops_and_relayouts_across_processes";
+    if !is_worker() {
+        for np in [2, 4] {
+            if !launch(name, np) {
+                return;
+            }
+        }
+        return;
+    }
+    let dev = Default::default();
+    for m in meshes() {
+        let ls = layouts(&m);
+        for shape in [[5, 3], [8, 6], [2, 7]] {
+            let (dx, dy) = (data(shape, 1), data(shape, 2));
+            let dw = data([shape[1], 4], 3);
+            let ox = Tensor::<N, 2>::from_data(dx.clone(), &dev);
+            let oy = Tensor::<N, 2>::from_data(dy.clone(), &dev);
+            let ow = Tensor::<N, 2>::from_data(dw.clone(), &dev);
+            for la in &ls {
+                let x: Tensor<DB, 2> = distribute(dx.clone(), la).unwrap();
+                check(&format!("distribute {la}"), x.clone(), ox.clone());
+                check(&format!("exp {la}"), x.clone().exp(), ox.clone().exp());
+                check(
+                    &format!("sum_dim(0) {la}"),
+                    x.clone().sum_dim(0),
+                    ox.clone().sum_dim(0),
+                );
+                check(
+                    &format!("sum_dim(1) {la}"),
+                    x.clone().sum_dim(1),
+                    ox.clone().sum_dim(1),
+                );
+                for lb in &ls {
+                    let y: Tensor<DB, 2> = distribute(dy.clone(), lb).unwrap();
+                    check(
+                        &format!("{la} + {lb}"),
+                        x.clone() + y,
+                        ox.clone() + oy.clone(),
+                    );
+                    let settled = lb.without_partial();
+                    check(
+                        &format!("relayout {la} -> {settled}"),
+                        x.clone().relayout(&settled).unwrap(),
+                        ox.clone(),
+                    );
+                    let lw = Layout::new(&m, [UNSHARDED, UNSHARDED]).unwrap();
+                    let lw = if lb.dims().iter().any(Option::is_some) {
+                        lb.without_partial()
+                    } else {
+                        lw
+                    };
+                    let w: Tensor<DB, 2> = distribute(dw.clone(), &lw).unwrap();
+                    check(
+                        &format!("{la} @ {lw}"),
+                        x.clone().matmul(w),
+                        ox.clone().matmul(ow.clone()),
+                    );
+                }
+            }
+        }
+    }
+    done(name);
+}
+
+/// Gradients of `sum(relu(x @ w) * y)` with `x` batch-sharded and `w` sharded on either dim,
+/// against `Autodiff<NdArray>`.
+#[test]
+fn gradients_across_processes() {
+    let name = "gradients_across_processes";
+    if !is_worker() {
+        for np in [2, 4] {
+            if !launch(name, np) {
+                return;
+            }
+        }
+        return;
+    }
+    type AD = Autodiff<DB>;
+    type AN = Autodiff<N>;
+    let dev = Default::default();
+    for m in meshes() {
+        let axes: Vec<String> = m.topology().axes().iter().map(|a| a.0.clone()).collect();
+        let first = axes[0].as_str();
+        let last = axes[axes.len() - 1].as_str();
+        for shape in [[6, 5], [3, 7]] {
+            let (dx, dw, dy) = (
+                data(shape, 4),
+                data([shape[1], 3], 5),
+                data([shape[0], 3], 6),
+            );
+            let ox = Tensor::<AN, 2>::from_data(dx.clone(), &dev).require_grad();
+            let ow = Tensor::<AN, 2>::from_data(dw.clone(), &dev).require_grad();
+            let oy = Tensor::<AN, 2>::from_data(dy.clone(), &dev);
+            let og = (ox.clone().matmul(ow.clone()).clamp_min(0.0) * oy)
+                .sum()
+                .backward();
+            let (gx, gw) = (ox.grad(&og).unwrap(), ow.grad(&og).unwrap());
+            for wspec in [[UNSHARDED, UNSHARDED], [UNSHARDED, last], [last, UNSHARDED]] {
+                let lx = Layout::new(&m, [first, UNSHARDED]).unwrap();
+                let lw = Layout::new(&m, wspec).unwrap();
+                let x: Tensor<AD, 2> = distribute(dx.clone(), &lx).unwrap();
+                let x = x.require_grad();
+                let w: Tensor<AD, 2> = distribute(dw.clone(), &lw).unwrap();
+                let w = w.require_grad();
+                let y: Tensor<AD, 2> = distribute(dy.clone(), &lx).unwrap();
+                let g = (x.clone().matmul(w.clone()).clamp_min(0.0) * y)
+                    .sum()
+                    .backward();
+                let what = format!("{m}: x {lx}, w {lw}, shape {shape:?}");
+                check(&format!("dx {what}"), x.grad(&g).unwrap(), gx.clone());
+                check(&format!("dw {what}"), w.grad(&g).unwrap(), gw.clone());
+            }
+        }
+    }
+    done(name);
+}
+
+/// Processes asking for different meshes get a typed error naming the rank that differs;
+/// a mesh whose blocks are not boxes is refused with the fix.
+#[test]
+fn start_up_checks_across_processes() {
+    let name = "start_up_checks_across_processes";
+    if !is_worker() {
+        launch(name, 2);
+        return;
+    }
+    let w = spmd::init().unwrap();
+    // Rank 1 asks for another mesh.
+    let size = if w.rank() == 0 { 4 } else { 2 };
+    let e = Mesh::spmd([("a", size)], vec![Dev::default(); size / 2]).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        matches!(e, burn_dtensor::DTensorError::ProcessMismatch { .. }),
+        "{msg}"
+    );
+    let other = 1 - w.rank();
+    assert!(msg.contains(&format!("rank {other}")), "{msg}");
+    // 3 positions per process over a 2x3 mesh: fine (one row each); 2x3 with 3 per process over
+    // axes (3, 2): rows of 2, a block of 3 is not a box.
+    Mesh::spmd([("r", 2), ("c", 3)], vec![Dev::default(); 3]).unwrap();
+    let e = Mesh::spmd([("r", 3), ("c", 2)], vec![Dev::default(); 3]).unwrap_err();
+    assert!(
+        matches!(e, burn_dtensor::DTensorError::ProcessGrid { .. }),
+        "{e}"
+    );
+    // Seeds and layout maps: `agree`.
+    let e = w.agree("seed", &format!("{}", 40 + w.rank())).unwrap_err();
+    assert!(e.to_string().contains("seed"), "{e}");
+    w.agree("seed", "42").unwrap();
+    done(name);
+}
