@@ -394,6 +394,27 @@ impl<I: Backend> Distributed<I> {
     }
 }
 
+impl<I: Backend> Distributed<I> {
+    /// The same placement with stacked execution on or off ([`Mesh::with_stacked_execution`]):
+    /// off, every op runs per device, the arithmetic of a mesh of distinct devices and of a
+    /// multi-process run.
+    ///
+    /// # Errors
+    /// None in practice (the layouts are rebuilt on the new mesh).
+    pub fn with_stacked_execution(self, on: bool) -> Result<Self, AppError> {
+        let mesh = self.mesh.with_stacked_execution(on);
+        let spec = self.input_layout.sharding_spec();
+        let input_layout = Layout::new(&mesh, &spec)?;
+        let label_layout = Layout::new(&mesh, &spec[..1])?;
+        Ok(Self {
+            mesh,
+            input_layout,
+            label_layout,
+            ..self
+        })
+    }
+}
+
 impl<I: Backend> Placement for Distributed<I> {
     type AD = burn::backend::Autodiff<DistributedBackend<I>>;
     fn device(&self) -> DistributedDevice<I::Device> {

@@ -257,6 +257,41 @@ fn exchange_peers(g: &dyn ProcessGroup, me: &Peer) -> Vec<Peer> {
         .collect()
 }
 
+/// How a cross-process all-reduce (and the reduction of a reduce-scatter) combines the processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reduction {
+    /// Every shard of the group reaches every process, which reduces them in mesh coordinate
+    /// order as a single process holding the whole mesh does (per device): results are bitwise
+    /// those of that run whatever the process count, and equal on every rank. Moves each
+    /// process's shards to all others (`k/2` times the engine's all-reduce bytes for `k`
+    /// positions along the axis). The default: the promise that a layout never changes the
+    /// result holds to the bit across process counts.
+    Ordered,
+    /// The shards of a process are reduced in process, then the processes through the engine's
+    /// all-reduce (`MPI_Iallreduce`): the engine's bandwidth, with sums rounded in the order of
+    /// the engine's algorithm. `BURN_DTENSOR_SPMD_REDUCTION=engine`.
+    Engine,
+}
+
+static REDUCTION: Mutex<Option<Reduction>> = Mutex::new(None);
+
+/// The [`Reduction`] in force: [`set_reduction`], else `BURN_DTENSOR_SPMD_REDUCTION`
+/// (`ordered` or `engine`), else [`Reduction::Ordered`]. Every process must use the same.
+pub fn reduction() -> Reduction {
+    if let Some(r) = *REDUCTION.lock().unwrap() {
+        return r;
+    }
+    match std::env::var("BURN_DTENSOR_SPMD_REDUCTION").as_deref() {
+        Ok("engine") => Reduction::Engine,
+        _ => Reduction::Ordered,
+    }
+}
+
+/// Sets [`reduction`] for this process (every process must choose the same).
+pub fn set_reduction(r: Reduction) {
+    *REDUCTION.lock().unwrap() = Some(r);
+}
+
 static TIMEOUT: Mutex<Option<Duration>> = Mutex::new(None);
 
 /// How long a cross-process collective may wait for its peers before the process ends with a

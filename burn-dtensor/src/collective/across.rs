@@ -70,6 +70,45 @@ pub(crate) fn all_reduce<B: Backend, K: Kind<B>>(
     (K::from_data(out, &device), 2 * (p - 1) * n / p)
 }
 
+/// The deterministic form of the across-process all-reduce: every process sends the shards of
+/// its in-process group (`members`, in coordinate order), all of them arrive everywhere in mesh
+/// coordinate order, and each process reduces the whole group with `reduce`, the in-process
+/// reduction. The sum is then computed in the order a single process holding the whole mesh uses
+/// (per device), so results are bitwise those of that run and equal on every rank whatever the
+/// process count; it moves `k/2` times the bytes of the engine's all-reduce (see
+/// [`crate::spmd::Reduction`]). Returns the bytes this process received.
+pub(crate) fn all_reduce_ordered<B: Backend, K: Kind<B>>(
+    members: Vec<K::P>,
+    pg: &Arc<dyn ProcessGroup>,
+    topo: &MeshTopology,
+    axis: usize,
+    global: &[usize],
+    reduce: impl FnOnce(&[K::P]) -> K::P,
+) -> (K::P, u64) {
+    let device = K::device(&members[0]);
+    let datas: Vec<TensorData> = members.into_iter().map(K::into_data).collect();
+    let (shape, dtype) = (datas[0].shape.clone(), datas[0].dtype);
+    let per = datas[0].as_bytes().len();
+    let mut send = Vec::with_capacity(per * datas.len());
+    for d in &datas {
+        send.extend_from_slice(d.as_bytes());
+    }
+    let counts = vec![send.len(); pg.size()];
+    let w = what(CollectiveKind::AllReduce, topo, axis, global);
+    let all = pg.all_gather(&send, &counts, &w);
+    let k = topo.axis_size(axis);
+    let shards: Vec<K::P> = (0..k)
+        .map(|c| {
+            let bytes = all[c * per..(c + 1) * per].to_vec();
+            K::from_data(
+                TensorData::from_bytes_vec(bytes, shape.clone(), dtype),
+                &device,
+            )
+        })
+        .collect();
+    (reduce(&shards), (all.len() - send.len()) as u64)
+}
+
 /// The range of a dim of global size `n` (split in `k` chunks over an axis) held by process
 /// `q`, which owns `l` consecutive coordinates of the axis.
 pub(crate) fn block(n: usize, k: usize, l: usize, q: usize) -> Range<usize> {

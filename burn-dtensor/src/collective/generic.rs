@@ -111,6 +111,37 @@ fn reduce_group<B: Backend, K: Kind<B>>(shards: &[K::P], group: &[usize], op: Re
     level.pop().expect("a group has at least one member")
 }
 
+/// The reduction of an in-process group's shards and, on a multi-process mesh, of the matching
+/// groups of the other processes along the axis (process group `pg`): in mesh coordinate order
+/// ([`across::all_reduce_ordered`]) unless [`crate::spmd::Reduction::Engine`] was chosen, then
+/// in process and through the engine's all-reduce. Returns the bytes received from other
+/// processes.
+fn reduce_across<B: Backend, K: Kind<B>>(
+    shards: &[K::P],
+    group: &[usize],
+    pg: Option<&std::sync::Arc<dyn crate::spmd::ProcessGroup>>,
+    topo: &MeshTopology,
+    axis: usize,
+    op: ReduceOp,
+    global: &[usize],
+) -> (K::P, u64) {
+    let Some(pg) = pg else {
+        return (reduce_group::<B, K>(shards, group, op), 0);
+    };
+    match crate::spmd::reduction() {
+        crate::spmd::Reduction::Ordered => {
+            let members = group.iter().map(|&i| shards[i].clone()).collect();
+            across::all_reduce_ordered::<B, K>(members, pg, topo, axis, global, |all| {
+                reduce_group::<B, K>(all, &(0..all.len()).collect::<Vec<_>>(), op)
+            })
+        }
+        crate::spmd::Reduction::Engine => {
+            let acc = reduce_group::<B, K>(shards, group, op);
+            across::all_reduce::<B, K>(acc, pg, topo, axis, op, global)
+        }
+    }
+}
+
 /// The one-launch CubeCL concatenation of the non-empty parts, when it applies.
 #[allow(unused_variables)]
 fn fused_cat<B: Backend, K: Kind<B>>(parts: &[K::P], dim: usize) -> Option<K::P> {
@@ -152,13 +183,9 @@ pub fn all_reduce<B: Backend, K: Kind<B>>(
                 continue;
             }
         }
-        let mut acc = reduce_group::<B, K>(shards, &group, op);
+        let (acc, b) = reduce_across::<B, K>(shards, &group, pg, topo, axis, op, global);
         bytes += 2 * (k - 1) * nbytes(&acc);
-        if let Some(pg) = pg {
-            let (v, b) = across::all_reduce::<B, K>(acc, pg, topo, axis, op, global);
-            acc = v;
-            remote += b;
-        }
+        remote += b;
         set_group::<B, K>(shards, &group, acc);
     }
     comm::record_across(
@@ -233,14 +260,10 @@ pub fn reduce_scatter<B: Backend, K: Kind<B>>(
     let pg = across::group(topo, axis);
     let (mut bytes, mut remote) = (0, 0);
     for group in topo.local_groups(axis) {
-        let mut acc = reduce_group::<B, K>(shards, &group, op);
+        let (acc, b) = reduce_across::<B, K>(shards, &group, pg, topo, axis, op, global);
         let n = acc.shape()[dim];
         bytes += (l as u64 - 1) * nbytes(&acc);
-        if let Some(pg) = pg {
-            let (v, b) = across::all_reduce::<B, K>(acc, pg, topo, axis, op, global);
-            acc = v;
-            remote += b;
-        }
+        remote += b;
         for &i in &group {
             let dev = K::device(&shards[i]);
             let c = topo.coord(topo.global(i), axis);
