@@ -367,7 +367,7 @@ impl<I: Backend> Distributed<I> {
         layout_map: LayoutMap,
     ) -> Result<Self, AppError> {
         let world = burn_dtensor::spmd::init()?;
-        if devices % world.size() != 0 {
+        if !devices.is_multiple_of(world.size()) {
             return Err(AppError::Config(format!(
                 "--devices {devices} cannot be split over {} processes: give a multiple of the process count",
                 world.size()

@@ -134,7 +134,7 @@ impl MeshTopology {
         let stride: usize = l[a + 1..].iter().product();
         let n = self.grid.positions.len();
         (0..n)
-            .filter(|&j| (j / stride) % l[a] == 0)
+            .filter(|&j| (j / stride).is_multiple_of(l[a]))
             .map(|base| (0..l[a]).map(|k| base + k * stride).collect())
             .collect()
     }

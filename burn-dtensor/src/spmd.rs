@@ -75,6 +75,8 @@ pub(crate) struct Peer {
 /// The processes of this SPMD run. [`init`] gives it.
 pub struct World {
     group: Option<Arc<dyn ProcessGroup>>,
+    // Read by the engines' fault messages.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     peers: Vec<Peer>,
 }
 
@@ -317,6 +319,7 @@ pub fn set_collective_timeout(t: Duration) {
 /// waited `waited` without completing: prints which peers are not running (dead or stopped,
 /// for peers on this host) and exits with [`TIMEOUT_EXIT_CODE`] without finalising MPI (a
 /// finalise would wait on the stuck collective).
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub(crate) fn collective_failed(what: &str, members: &[usize], waited: Duration) -> ! {
     let world = WORLD.get().and_then(|w| w.as_ref().ok());
     let me = world.map_or(0, World::rank);
@@ -457,7 +460,7 @@ pub(crate) fn grid(axes: &[(String, usize)], local: usize, world: &World) -> Res
         return Err(err(format!(
             "{n} x {local} = {} devices, the mesh needs {global}; give each process {} devices",
             n * local,
-            if global % n == 0 {
+            if global.is_multiple_of(n) {
                 (global / n).to_string()
             } else {
                 format!("a share of {global} (not divisible by {n})")
@@ -471,10 +474,10 @@ pub(crate) fn grid(axes: &[(String, usize)], local: usize, world: &World) -> Res
         if rem == 1 {
             break;
         }
-        if rem % s == 0 {
+        if rem.is_multiple_of(s) {
             local_sizes[a] = s;
             rem /= s;
-        } else if s % rem == 0 {
+        } else if s.is_multiple_of(rem) {
             local_sizes[a] = rem;
             rem = 1;
         } else {

@@ -322,3 +322,95 @@ fn start_up_checks_across_processes() {
     w.agree("seed", "42").unwrap();
     done(name);
 }
+
+/// Runs `name` as `np` processes with `env`, expecting failure: (exit status, output, seconds).
+fn launch_failing(name: &str, np: usize, env: &[(&str, &str)]) -> (i32, String, f64) {
+    let exe = std::env::current_exe().unwrap();
+    let t = std::time::Instant::now();
+    let mut c = Command::new("timeout");
+    c.args(["120", "mpirun", "--allow-run-as-root", "--oversubscribe"])
+        .args(["--mca", "btl", "self,vader,tcp", "-np", &np.to_string()])
+        .arg(&exe)
+        .args([name, "--exact", "--test-threads=1", "--nocapture"])
+        .env("BURN_DTENSOR_SPMD_WORKER", "1");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().expect("running mpirun");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (
+        out.status.code().unwrap_or(-1),
+        text,
+        t.elapsed().as_secs_f64(),
+    )
+}
+
+/// A rank that stops answering (SIGSTOP) mid-step ends the others within the collective timeout
+/// with an error naming it and the collective; a rank that dies (SIGKILL) makes `mpirun` end
+/// the job at once, naming it. Neither hangs.
+#[test]
+fn a_stopped_or_killed_rank_ends_the_job_naming_it() {
+    let name = "a_stopped_or_killed_rank_ends_the_job_naming_it";
+    if !is_worker() {
+        if !launch(name, 2) {
+            return; // the fault-free run (no SPMD_FAULT): both ranks finish
+        }
+        let (code, text, secs) = launch_failing(
+            name,
+            2,
+            &[
+                ("SPMD_FAULT", "stop"),
+                ("BURN_DTENSOR_COLLECTIVE_TIMEOUT_S", "3"),
+            ],
+        );
+        println!("stopped rank: exit {code} after {secs:.1} s");
+        assert_ne!(code, 0, "{text}");
+        assert!(
+            text.contains("all-reduce along mesh axis `a`")
+                && text.contains("did not complete within 3.0 s")
+                && text.contains("rank 1 (pid")
+                && text.contains("is stopped"),
+            "{text}"
+        );
+        assert!(secs < 60.0, "took {secs} s:\n{text}");
+        let (code, text, secs) = launch_failing(
+            name,
+            2,
+            &[
+                ("SPMD_FAULT", "kill"),
+                ("BURN_DTENSOR_COLLECTIVE_TIMEOUT_S", "30"),
+            ],
+        );
+        println!("killed rank: exit {code} after {secs:.1} s");
+        assert_ne!(code, 0, "{text}");
+        assert!(text.contains("rank 1"), "{text}");
+        assert!(secs < 30.0, "took {secs} s (the timeout is 30 s):\n{text}");
+        return;
+    }
+    let w = spmd::init().unwrap();
+    let m = Mesh::spmd([("a", 2)], vec![Dev::default()]).unwrap();
+    let l = Layout::new(&m, ["a", UNSHARDED]).unwrap();
+    let x: Tensor<DB, 2> = distribute(data([4, 3], 1), &l).unwrap();
+    assert_eq!(
+        x.clone().sum().into_scalar(),
+        data([4, 3], 1).to_vec::<f32>().unwrap().iter().sum::<f32>()
+    );
+    if w.rank() == 1 {
+        match std::env::var("SPMD_FAULT").as_deref() {
+            // SAFETY: signalling this process.
+            Ok("stop") => unsafe {
+                libc::raise(libc::SIGSTOP);
+            },
+            Ok("kill") => unsafe {
+                libc::raise(libc::SIGKILL);
+            },
+            _ => {}
+        }
+    }
+    let _ = (x * 2.0).sum().into_scalar();
+    done(name);
+}
