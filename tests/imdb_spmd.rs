@@ -358,3 +358,77 @@ fn f64_as_2_and_4_processes_matches_one_process() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A checkpoint written by 4 processes in model mode resumes in 1 process in spatial mode and in
+/// 2 processes in data mode: the resumed epoch's losses are the unbroken run's (a checkpoint is
+/// one set of global tensors, gathered by every rank and written by rank 0).
+#[test]
+fn checkpoint_from_4_processes_resumes_in_1_and_2() {
+    let Some(data) = common::archive() else {
+        return;
+    };
+    if !mpi_ready() {
+        return;
+    }
+    let Some(bin) = example() else {
+        println!(
+            "skipped: the imdb_mlp example was not built (cargo test --all-targets builds it)"
+        );
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("imdb-spmd-ck-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let ck = dir.join("ck");
+    let common = |epochs: &str| -> Vec<String> {
+        [
+            "--epochs",
+            epochs,
+            "--max-steps",
+            "20",
+            "--no-eval",
+            "--data",
+        ]
+        .map(String::from)
+        .into_iter()
+        .chain([data.to_str().unwrap().to_string()])
+        .collect()
+    };
+    let unbroken = dir.join("unbroken.json");
+    let mut c = Command::new(&bin);
+    c.args(common("2"))
+        .args(["--mode", "model", "--summary-json"])
+        .arg(&unbroken);
+    run_ok(c, "unbroken model run");
+    let want = summary(&unbroken).train_losses[20..].to_vec();
+    let mut c = mpirun(4);
+    c.arg(&bin)
+        .args(common("1"))
+        .args(["--mode", "model", "--checkpoint-dir"])
+        .arg(&ck);
+    run_ok(c, "mpirun -n 4 imdb_mlp --mode model --checkpoint-dir");
+    for (np, mode) in [(1, "spatial"), (2, "data")] {
+        let out = dir.join(format!("resumed-{np}.json"));
+        let mut c = if np == 1 {
+            Command::new(&bin)
+        } else {
+            let mut c = mpirun(np);
+            c.arg(&bin);
+            c
+        };
+        c.args(common("2"))
+            .args(["--mode", mode, "--resume"])
+            .arg(&ck)
+            .arg("--summary-json")
+            .arg(&out);
+        run_ok(c, &format!("resume in {np} process(es), {mode} mode"));
+        let got = summary(&out);
+        let d = max_rel(&want, &got.train_losses);
+        println!(
+            "checkpoint of 4 processes (model) resumed by {np} ({mode}): epoch 2 differs by {d:.1e}"
+        );
+        assert_eq!(got.world_size, np);
+        assert!(d < 1e-5, "resumed by {np} in {mode} mode: {d}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

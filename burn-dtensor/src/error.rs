@@ -203,6 +203,14 @@ pub enum DTensorError {
         /// Its value (or hash).
         theirs: String,
     },
+    /// A resource spec file ([`crate::launch::ResourceSpec`]) that cannot be used.
+    #[error("resource spec `{path}`: {reason}")]
+    ResourceSpec {
+        /// The file.
+        path: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
     /// Joining the process world failed (see the message), e.g. a run under `mpirun` of a binary
     /// built without the `mpi` feature.
     #[error("multi-process start-up failed: {0}")]

@@ -63,6 +63,7 @@ mod device;
 mod error;
 mod host;
 mod inner;
+pub mod launch;
 mod layout;
 mod layout_map;
 mod mesh;

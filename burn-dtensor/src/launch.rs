@@ -1,0 +1,222 @@
+//! Launching an SPMD run from a resource spec file, the AutoDist idea: the cluster (nodes,
+//! addresses, devices, chief) is described once in TOML, and the same training program is
+//! started on it as one process per device slot, through `mpirun`.
+//!
+//! ```toml
+//! # cluster.toml
+//! [[nodes]]
+//! address = "10.0.0.1"
+//! processes = 4        # CPU: processes on this node (each owns mesh_size / world devices)
+//! chief = true         # rank 0 runs here (prints, writes summaries and checkpoints)
+//!
+//! [[nodes]]
+//! address = "10.0.0.2"
+//! gpus = [0, 1, 2, 3]  # one process per GPU (a process picks gpus[OMPI_COMM_WORLD_LOCAL_RANK])
+//!
+//! [mpi]
+//! args = ["--mca", "btl", "self,tcp"]   # extra mpirun arguments (optional)
+//! ```
+//!
+//! [`ResourceSpec::hostfile`] gives the OpenMPI hostfile (`address slots=n`, the chief first so
+//! that it gets rank 0) and [`ResourceSpec::mpirun`] the command. The processes find their rank
+//! and world size in the environment `mpirun` sets ([`crate::spmd::init`]), so `mpirun -n 4
+//! program` typed by hand works the same.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde::Deserialize;
+
+use crate::error::{DTensorError, Result};
+
+/// One machine of the cluster.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Node {
+    /// Host name or IP address `mpirun` reaches it by (ssh for remote nodes).
+    pub address: String,
+    /// GPU indices on this node: one process per GPU.
+    #[serde(default)]
+    pub gpus: Vec<usize>,
+    /// Processes on this node (CPU runs); with `gpus`, must equal their count when given.
+    pub processes: Option<usize>,
+    /// Whether rank 0 runs here (at most one node; default: the first).
+    #[serde(default)]
+    pub chief: bool,
+}
+
+impl Node {
+    /// Processes started on this node: `processes`, else one per GPU.
+    pub fn slots(&self) -> usize {
+        self.processes.unwrap_or(self.gpus.len())
+    }
+}
+
+/// Extra `mpirun` settings.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MpiOptions {
+    /// The launcher binary (default `mpirun`).
+    pub mpirun: Option<String>,
+    /// Extra arguments, before the program.
+    #[serde(default)]
+    pub args: Vec<String>,
+}
+
+/// A cluster description: nodes with their addresses and devices, and which one is the chief.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ResourceSpec {
+    /// The machines, in rank order (after the chief).
+    pub nodes: Vec<Node>,
+    /// `mpirun` settings.
+    #[serde(default)]
+    pub mpi: MpiOptions,
+}
+
+fn spec_err(path: &str, reason: impl Into<String>) -> DTensorError {
+    DTensorError::ResourceSpec {
+        path: path.to_string(),
+        reason: reason.into(),
+    }
+}
+
+impl ResourceSpec {
+    /// Reads and validates a TOML resource spec.
+    ///
+    /// # Errors
+    /// [`DTensorError::ResourceSpec`] naming the file: unreadable, malformed TOML, unknown keys,
+    /// or a spec [`ResourceSpec::validate`] refuses.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let p = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| spec_err(&p, format!("cannot read it: {e}")))?;
+        Self::parse(&text, &p)
+    }
+
+    /// Parses and validates TOML text (`origin` names it in errors).
+    ///
+    /// # Errors
+    /// As [`ResourceSpec::from_file`].
+    pub fn parse(text: &str, origin: &str) -> Result<Self> {
+        let spec: Self = toml::from_str(text).map_err(|e| spec_err(origin, e.to_string()))?;
+        spec.validate(origin)?;
+        Ok(spec)
+    }
+
+    /// Checks the spec: at least one node; every node with at least one process and, when it
+    /// gives both, as many processes as GPUs; distinct addresses; at most one chief; no loopback
+    /// address in a spec of several nodes (the other nodes could not reach it).
+    ///
+    /// # Errors
+    /// [`DTensorError::ResourceSpec`] saying which node and what to change.
+    pub fn validate(&self, origin: &str) -> Result<()> {
+        if self.nodes.is_empty() {
+            return Err(spec_err(
+                origin,
+                "no [[nodes]]: describe at least one machine",
+            ));
+        }
+        for (i, n) in self.nodes.iter().enumerate() {
+            if n.slots() == 0 {
+                return Err(spec_err(
+                    origin,
+                    format!(
+                        "node {i} (`{}`) has no processes: give `processes = N` or `gpus = [..]`",
+                        n.address
+                    ),
+                ));
+            }
+            if let Some(p) = n.processes
+                && !n.gpus.is_empty()
+                && p != n.gpus.len()
+            {
+                return Err(spec_err(
+                    origin,
+                    format!(
+                        "node {i} (`{}`) has {p} processes for {} GPUs: one process per GPU",
+                        n.address,
+                        n.gpus.len()
+                    ),
+                ));
+            }
+            if let Some(j) = self.nodes[..i].iter().position(|m| m.address == n.address) {
+                return Err(spec_err(
+                    origin,
+                    format!(
+                        "nodes {j} and {i} have the same address `{}`: list each machine once",
+                        n.address
+                    ),
+                ));
+            }
+            let loopback =
+                n.address == "localhost" || n.address.starts_with("127.") || n.address == "::1";
+            if loopback && self.nodes.len() > 1 {
+                return Err(spec_err(
+                    origin,
+                    format!(
+                        "node {i} has the loopback address `{}` in a spec of {} nodes: give an address the other nodes can reach",
+                        n.address,
+                        self.nodes.len()
+                    ),
+                ));
+            }
+        }
+        let chiefs: Vec<usize> = (0..self.nodes.len())
+            .filter(|&i| self.nodes[i].chief)
+            .collect();
+        if chiefs.len() > 1 {
+            return Err(spec_err(
+                origin,
+                format!("nodes {chiefs:?} are all marked chief: mark one"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Processes in the run (the sum of every node's slots).
+    pub fn world_size(&self) -> usize {
+        self.nodes.iter().map(Node::slots).sum()
+    }
+
+    /// The nodes in rank order: the chief (or the first node) first.
+    pub fn ranked_nodes(&self) -> Vec<&Node> {
+        let chief = self.nodes.iter().position(|n| n.chief).unwrap_or(0);
+        std::iter::once(&self.nodes[chief])
+            .chain(
+                self.nodes
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, _)| i != chief)
+                    .map(|(_, n)| n),
+            )
+            .collect()
+    }
+
+    /// The OpenMPI hostfile: `address slots=n` per node, the chief first (rank 0 runs there with
+    /// mpirun's default by-slot mapping).
+    pub fn hostfile(&self) -> String {
+        self.ranked_nodes()
+            .iter()
+            .map(|n| format!("{} slots={}\n", n.address, n.slots()))
+            .collect()
+    }
+
+    /// The `mpirun` command that starts `program args..` on every slot, with `hostfile` (the
+    /// text of [`ResourceSpec::hostfile`] written to a file) and the spec's extra arguments.
+    /// Adds `--allow-run-as-root` when running as root.
+    pub fn mpirun(&self, hostfile: &Path, program: &str, args: &[String]) -> Command {
+        let mut c = Command::new(self.mpi.mpirun.as_deref().unwrap_or("mpirun"));
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            c.arg("--allow-run-as-root");
+        }
+        c.arg("--hostfile")
+            .arg(hostfile)
+            .args(["-np", &self.world_size().to_string()])
+            .args(&self.mpi.args)
+            .arg(program)
+            .args(args);
+        c
+    }
+}
