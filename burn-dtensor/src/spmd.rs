@@ -103,6 +103,11 @@ impl World {
     pub fn engine(&self) -> &'static str {
         self.group.as_ref().map_or("none", |g| g.engine())
     }
+    /// The world's process group (`None` in a world of one): the engine itself, for benchmarks
+    /// and tools that move host bytes between processes.
+    pub fn process_group(&self) -> Option<&Arc<dyn ProcessGroup>> {
+        self.group()
+    }
     pub(crate) fn group(&self) -> Option<&Arc<dyn ProcessGroup>> {
         self.group.as_ref()
     }

@@ -227,6 +227,13 @@ pub trait Kind<B: Backend>: 'static {
     fn from_data(data: TensorData, device: &B::Device) -> Self::P;
     /// Download (blocking).
     fn into_data(t: Self::P) -> TensorData;
+    /// Download for a transfer between processes: [`Kind::into_data`] of a fresh copy (`x * 1`,
+    /// bit-preserving) for the numeric kinds. A shard shared with other handles (autodiff keeps
+    /// clones) is read element by element by some backends (NdArray: an `ArcArray` iterator,
+    /// 58 ms for 8 MB here); a fresh buffer is moved out whole (about 10x faster).
+    fn into_host(t: Self::P) -> TensorData {
+        Self::into_data(t)
+    }
     /// Reshape.
     fn reshape(t: Self::P, shape: Shape) -> Self::P;
     /// Permutation of the dims.
@@ -369,7 +376,7 @@ macro_rules! kind_io {
 
 /// `reduce` and `zeros` of the numeric kinds, from their inner ops.
 macro_rules! numeric_kind {
-    ($kind:ident, $prim:ident, $io:ident, $add:ident, $greater:ident, $lower:ident, $mask_where:ident, $device:ident, $zeros:ident, $sum_dim:ident, $max_dim:ident, $min_dim:ident) => {
+    ($kind:ident, $prim:ident, $io:ident, $add:ident, $greater:ident, $lower:ident, $mask_where:ident, $device:ident, $zeros:ident, $sum_dim:ident, $max_dim:ident, $min_dim:ident, $mul_scalar:ident) => {
         impl<B: Backend> Kind<B> for $kind {
             type P = $prim<B>;
             kind_io!($io);
@@ -388,6 +395,9 @@ macro_rules! numeric_kind {
             }
             fn zeros(shape: Shape, d: &B::Device, dtype: DType) -> Self::P {
                 B::$zeros(shape, d, dtype.into())
+            }
+            fn into_host(t: Self::P) -> TensorData {
+                <Self as Kind<B>>::into_data(B::$mul_scalar(t, 1i64.into()))
             }
             fn reduce_dim(t: Self::P, dim: usize, op: ReduceOp) -> Self::P {
                 match op {
@@ -412,7 +422,8 @@ numeric_kind!(
     float_zeros,
     float_sum_dim,
     float_max_dim,
-    float_min_dim
+    float_min_dim,
+    float_mul_scalar
 );
 numeric_kind!(
     IntKind,
@@ -426,7 +437,8 @@ numeric_kind!(
     int_zeros,
     int_sum_dim,
     int_max_dim,
-    int_min_dim
+    int_min_dim,
+    int_mul_scalar
 );
 
 impl<B: Backend> Kind<B> for BoolKind {

@@ -47,7 +47,7 @@ pub(crate) fn all_reduce<B: Backend, K: Kind<B>>(
     global: &[usize],
 ) -> (K::P, u64) {
     let device = K::device(&x);
-    let data = K::into_data(x);
+    let data = K::into_host(x);
     let dtype = data.dtype;
     // Half floats have no MPI type: reduced in f32.
     let wide = matches!(dtype, DType::F16 | DType::BF16);
@@ -86,7 +86,7 @@ pub(crate) fn all_reduce_ordered<B: Backend, K: Kind<B>>(
     reduce: impl FnOnce(&[K::P]) -> K::P,
 ) -> (K::P, u64) {
     let device = K::device(&members[0]);
-    let datas: Vec<TensorData> = members.into_iter().map(K::into_data).collect();
+    let datas: Vec<TensorData> = members.into_iter().map(K::into_host).collect();
     let (shape, dtype) = (datas[0].shape.clone(), datas[0].dtype);
     let per = datas[0].as_bytes().len();
     let mut send = Vec::with_capacity(per * datas.len());
@@ -126,7 +126,7 @@ pub(crate) fn all_gather<B: Backend, K: Kind<B>>(
     global: &[usize],
 ) -> (K::P, u64) {
     let device = K::device(&x);
-    let data = K::into_data(x);
+    let data = K::into_host(x);
     let dtype = data.dtype;
     let mut full: Vec<usize> = data.shape.to_vec();
     let n = global[dim];
