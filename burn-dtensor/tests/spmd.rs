@@ -68,7 +68,11 @@ fn is_worker() -> bool {
 
 fn done(name: &str) {
     let w = spmd::init().unwrap();
-    println!("spmd-ok {name} (rank {} of {})", w.rank(), w.size());
+    // The network namespace too: the two-host test checks that ranks ran in different ones.
+    let net = std::fs::read_link("/proc/self/ns/net")
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    println!("spmd-ok {name} (rank {} of {}) {net}", w.rank(), w.size());
 }
 
 /// Meshes of 4 and 8 positions, every process holding `size / world` of them.
@@ -413,4 +417,156 @@ fn a_stopped_or_killed_rank_ends_the_job_naming_it() {
     }
     let _ = (x * 2.0).sum().into_scalar();
     done(name);
+}
+
+/// Network namespaces `a` and `b` joined by a veth pair (10.77.0.1 <-> 10.77.0.2), removed on
+/// drop.
+struct TwoHosts {
+    names: [String; 2],
+}
+
+impl TwoHosts {
+    fn create() -> Result<Self, String> {
+        let id = std::process::id();
+        let names = [format!("dt{id}a"), format!("dt{id}b")];
+        let hosts = TwoHosts {
+            names: names.clone(),
+        };
+        let (a, b) = (names[0].as_str(), names[1].as_str());
+        let (va, vb) = (format!("dv{id}a"), format!("dv{id}b"));
+        let steps: Vec<Vec<&str>> = vec![
+            vec!["netns", "add", a],
+            vec!["netns", "add", b],
+            vec!["link", "add", &va, "type", "veth", "peer", "name", &vb],
+            vec!["link", "set", &va, "netns", a],
+            vec!["link", "set", &vb, "netns", b],
+            vec!["-n", a, "addr", "add", "10.77.0.1/24", "dev", &va],
+            vec!["-n", b, "addr", "add", "10.77.0.2/24", "dev", &vb],
+            vec!["-n", a, "link", "set", &va, "up"],
+            vec!["-n", b, "link", "set", &vb, "up"],
+            vec!["-n", a, "link", "set", "lo", "up"],
+            vec!["-n", b, "link", "set", "lo", "up"],
+        ];
+        for s in steps {
+            let out = Command::new("ip")
+                .args(&s)
+                .output()
+                .map_err(|e| format!("ip: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "ip {}: {}",
+                    s.join(" "),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+        }
+        Ok(hosts)
+    }
+}
+
+impl Drop for TwoHosts {
+    fn drop(&mut self) {
+        for n in &self.names {
+            let _ = Command::new("ip").args(["netns", "del", n]).status();
+        }
+    }
+}
+
+/// Two hosts simulated by two network namespaces on this machine: `mpirun` runs in the first,
+/// starts its daemon in the second through a launch agent that enters it (in place of ssh),
+/// and MPI talks TCP over the veth pair between them (`--mca btl self,tcp`). The gradients
+/// suite then runs with one rank per "host". Needs root and `ip`; skips (saying why) otherwise,
+/// unless `BURN_DTENSOR_REQUIRE_MPI=1`.
+#[test]
+fn two_hosts_as_network_namespaces() {
+    let name = "gradients_across_processes";
+    if is_worker() {
+        return; // the ranks run `gradients_across_processes`
+    }
+    let require = std::env::var("BURN_DTENSOR_REQUIRE_MPI").is_ok_and(|v| v == "1");
+    if !cfg!(feature = "mpi") || Command::new("mpirun").arg("--version").output().is_err() {
+        assert!(!require, "no MPI (BURN_DTENSOR_REQUIRE_MPI=1)");
+        println!("skipped: no mpirun or built without the `mpi` feature");
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(
+            !require,
+            "network namespaces need root (BURN_DTENSOR_REQUIRE_MPI=1)"
+        );
+        println!("skipped: creating network namespaces needs root");
+        return;
+    }
+    let hosts = match TwoHosts::create() {
+        Ok(h) => h,
+        Err(e) => {
+            assert!(!require, "cannot create network namespaces: {e}");
+            println!("skipped: cannot create network namespaces: {e}");
+            return;
+        }
+    };
+    let dir = std::env::temp_dir().join(format!("two-hosts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let agent = dir.join("nsagent.sh");
+    std::fs::write(
+        &agent,
+        format!(
+            "#!/bin/sh\n# mpirun's remote launch agent: enter the namespace of the host.\n\
+             host=\"$1\"; shift\ncase \"$host\" in\n  10.77.0.1) ns={} ;;\n  10.77.0.2) ns={} ;;\n\
+             *) echo \"unknown host $host\" >&2; exit 1 ;;\nesac\n\
+             exec ip netns exec \"$ns\" /bin/sh -c \"$*\"\n",
+            hosts.names[0], hosts.names[1]
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let hostfile = dir.join("hosts");
+    std::fs::write(&hostfile, "10.77.0.1 slots=1\n10.77.0.2 slots=1\n").unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new("timeout")
+        .args(["120", "ip", "netns", "exec", &hosts.names[0]])
+        .args(["mpirun", "--allow-run-as-root", "-np", "2", "--hostfile"])
+        .arg(&hostfile)
+        .arg("--mca")
+        .arg("plm_rsh_agent")
+        .arg(&agent)
+        .args(["--mca", "btl", "self,tcp"])
+        .args(["--mca", "btl_tcp_if_include", "10.77.0.0/24"])
+        .args(["--mca", "oob_tcp_if_include", "10.77.0.0/24"])
+        .args([
+            "-x",
+            "BURN_DTENSOR_SPMD_WORKER",
+            "-x",
+            "BURN_DTENSOR_COLLECTIVE_TIMEOUT_S",
+        ])
+        .arg(&exe)
+        .args([name, "--exact", "--test-threads=1", "--nocapture"])
+        .env("BURN_DTENSOR_SPMD_WORKER", "1")
+        .env("BURN_DTENSOR_COLLECTIVE_TIMEOUT_S", "60")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "two-host run failed ({}):\n{text}",
+        out.status
+    );
+    let nets: std::collections::BTreeSet<&str> = text
+        .lines()
+        .filter(|l| l.contains(&format!("spmd-ok {name}")))
+        .filter_map(|l| l.split_whitespace().last())
+        .collect();
+    assert_eq!(
+        nets.len(),
+        2,
+        "the ranks should run in two network namespaces:\n{text}"
+    );
+    drop(hosts);
 }
