@@ -443,6 +443,81 @@ where
     Ok(Tensor::from_primitive(K::distribute(data, layout)?))
 }
 
+/// Builds a distributed tensor of global shape `shape` from **this process's part** of the
+/// data (JAX's `make_array_from_process_local_data`, the TF DTensor tutorial's
+/// `repack_local_tensor`): in an SPMD run ([`crate::Mesh::spmd`]) each process passes only the
+/// box of the global tensor its mesh positions cover ([`process_block`]), e.g. its slice of the
+/// global batch, and no process ever holds the whole tensor. In one process the block is the
+/// whole tensor and this is [`distribute`].
+///
+/// # Errors
+/// [`DTensorError::ShardShapeMismatch`] (with `index` this process's rank) when `local` is not
+/// the block's shape; [`DTensorError::Unsupported`] for a partial layout (give the settled value);
+/// [`DTensorError::RankMismatch`].
+pub fn distribute_local<B, const D: usize, K>(
+    local: TensorData,
+    shape: [usize; D],
+    layout: &Layout,
+) -> Result<Tensor<DistributedBackend<B>, D, K>>
+where
+    B: Backend,
+    K: DistributedKind<DistributedBackend<B>> + BasicOps<B>,
+    <K as BasicOps<B>>::Elem: burn::tensor::Element,
+{
+    layout.check_rank(D)?;
+    if layout.is_partial() {
+        return Err(DTensorError::Unsupported(
+            "distribute_local takes settled values: give a layout without pending reductions"
+                .into(),
+        ));
+    }
+    let block = process_block(layout, &shape);
+    let lens: Vec<usize> = block.iter().map(|r| r.len()).collect();
+    if local.shape.to_vec() != lens {
+        return Err(DTensorError::ShardShapeMismatch {
+            index: crate::spmd::init()?.rank(),
+            found: local.shape.to_vec(),
+            expected: lens,
+            global: shape.to_vec(),
+        });
+    }
+    let mesh = crate::Mesh::<B::Device>::from_registry(layout.mesh.id).ok_or_else(|| {
+        DTensorError::UnknownMesh {
+            mesh: layout.mesh.to_string(),
+            backend: std::any::type_name::<B>().to_string(),
+        }
+    })?;
+    let topo = &layout.mesh;
+    let mut shards = Vec::with_capacity(topo.local_size());
+    for (j, device) in mesh.devices().iter().enumerate() {
+        let ranges: Vec<std::ops::Range<usize>> = layout
+            .shard_ranges(&shape, topo.global(j))
+            .into_iter()
+            .zip(&block)
+            .map(|(r, b)| r.start - b.start..r.end - b.start)
+            .collect();
+        let chunk = crate::host::extract(&local, &ranges)?;
+        shards.push(Tensor::<B, D, K>::from_data(chunk, device));
+    }
+    from_local_shards(shards, shape, layout)
+}
+
+/// The box of a global tensor of `shape` that this process's mesh positions cover under
+/// `layout` (one range per dim; the whole tensor in one process): what it passes to
+/// [`distribute_local`].
+pub fn process_block(layout: &Layout, shape: &[usize]) -> Vec<std::ops::Range<usize>> {
+    let topo = &layout.mesh;
+    (0..shape.len())
+        .map(|d| {
+            let ranges = (0..topo.local_size())
+                .map(|j| layout.shard_ranges(shape, topo.global(j))[d].clone());
+            let start = ranges.clone().map(|r| r.start).min().unwrap_or(0);
+            let end = ranges.map(|r| r.end).max().unwrap_or(0);
+            start..end.max(start)
+        })
+        .collect()
+}
+
 /// Builds a distributed tensor of global shape `shape` from one inner tensor per mesh device
 /// (TensorFlow DTensor's `pack`, PyTorch's `DTensor.from_local`), checked against `layout`:
 /// shard `i` must have the per-shard shape `layout` gives device `i` (see

@@ -76,7 +76,10 @@ mod stack;
 mod tensor;
 mod visualize;
 
-pub use api::{DTensorExt, DistributedKind, DistributedOps, distribute, from_local_shards};
+pub use api::{
+    DTensorExt, DistributedKind, DistributedOps, distribute, distribute_local, from_local_shards,
+    process_block,
+};
 pub use backend::DistributedBackend;
 pub use comm::{CollectiveKind, CommDebugMode, CommEvent, CommLog, record_comms};
 pub use device::DistributedDevice;

@@ -239,6 +239,56 @@ fn ops_and_relayouts_across_processes() {
     done(name);
 }
 
+/// Each process passes only its block of the global tensor (`distribute_local`): the result
+/// is `distribute` of the whole tensor, for every settled layout and shape; a block of the wrong
+/// shape is a typed error.
+#[test]
+fn process_local_input_across_processes() {
+    let name = "process_local_input_across_processes";
+    if !is_worker() {
+        for np in [2, 4] {
+            if !launch(name, np) {
+                return;
+            }
+        }
+        return;
+    }
+    let dev = Default::default();
+    for m in meshes() {
+        for l in layouts(&m).into_iter().filter(|l| !l.is_partial()) {
+            for shape in [[5, 3], [8, 6], [2, 7]] {
+                let d = data(shape, 9);
+                let block = burn_dtensor::process_block(&l, &shape);
+                let v: Vec<f32> = d.to_vec().unwrap();
+                let local = TensorData::new(
+                    extract(&v, &shape, &block),
+                    [block[0].len(), block[1].len()],
+                );
+                let x: Tensor<DB, 2> = burn_dtensor::distribute_local(local, shape, &l).unwrap();
+                check(
+                    &format!("distribute_local {l} {shape:?}"),
+                    x,
+                    Tensor::<N, 2>::from_data(d.clone(), &dev),
+                );
+                let bad = TensorData::new(vec![0.0f32; 3], [1, 3]);
+                let e = burn_dtensor::distribute_local::<NdArray<f32>, 2, burn::tensor::Float>(
+                    bad,
+                    [50, 3],
+                    &l,
+                );
+                assert!(
+                    matches!(
+                        e,
+                        Err(burn_dtensor::DTensorError::ShardShapeMismatch { .. })
+                    ),
+                    "{l}"
+                );
+            }
+        }
+    }
+    done(name);
+}
+
 /// Gradients of `sum(relu(x @ w) * y)` with `x` batch-sharded and `w` sharded on either dim,
 /// against `Autodiff<NdArray>`.
 #[test]
