@@ -72,7 +72,13 @@ fn worker() {
             "collective", "size", "path", "time", "algbw", "busbw"
         );
     }
-    for side in [64usize, 256, 1024, 2048] {
+    // `cargo test --all-targets` runs this binary without `--bench`: one small size, a smoke test.
+    let sides: &[usize] = if std::env::var_os("SPMD_BENCH_SMOKE").is_some() {
+        &[64]
+    } else {
+        &[64, 256, 1024, 2048]
+    };
+    for &side in sides {
         let bytes = (side * side * 4) as f64;
         let reps = if side >= 1024 { 10 } else { 30 };
         let data = TensorData::new(vec![1.0f32; side * side], [side, side]);
@@ -82,7 +88,11 @@ fn worker() {
                 let bus = alg * factor * (p - 1) as f64 / p as f64;
                 println!(
                     "{name:<15} {:>9} {path:<16} {:>8.3}ms {:>7.2}GB/s {:>7.2}GB/s",
-                    format!("{:.1}MB", bytes / 1e6),
+                    if bytes < 1e6 {
+                        format!("{:.0}KB", bytes / 1e3)
+                    } else {
+                        format!("{:.1}MB", bytes / 1e6)
+                    },
                     t * 1e3,
                     alg,
                     bus
@@ -154,18 +164,23 @@ fn main() {
         );
         return;
     }
+    // `cargo test --all-targets` runs this binary without `--bench`: 2 processes, one small
+    // size, a smoke test.
+    let smoke = !std::env::args().any(|a| a == "--bench");
     let exe = std::env::current_exe().unwrap();
-    for np in [2, 4] {
-        let status = Command::new("mpirun")
-            .args([
-                "--allow-run-as-root",
-                "--oversubscribe",
-                "-np",
-                &np.to_string(),
-            ])
-            .arg(&exe)
-            .status();
-        match status {
+    for np in if smoke { vec![2] } else { vec![2, 4] } {
+        let mut c = Command::new("mpirun");
+        c.args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            &np.to_string(),
+        ])
+        .arg(&exe);
+        if smoke {
+            c.env("SPMD_BENCH_SMOKE", "1");
+        }
+        match c.status() {
             Ok(s) if s.success() => {}
             Ok(s) => panic!("mpirun -np {np} failed: {s}"),
             Err(e) => {

@@ -1,0 +1,147 @@
+//! The IMDB MLP training step (global batch 64, 1200 -> 48 -> BatchNorm -> 2, SGD; the
+//! synthetic sparse batches of `imdb_step`) per process count and mode: one process (the
+//! 8-device virtual mesh, stacked and per device) and `mpirun -np 2|4|8` (each process owning
+//! 8/N of the devices, collectives across processes on MPI).
+//!
+//! `cargo bench --features mpi --bench spmd_imdb_step`: rank 0 prints the median of 100 steps
+//! (after 10 warm-up steps) per mode and both cross-process reductions. Every process runs the
+//! same fixed number of steps (criterion's adaptive sampling would desynchronise the ranks).
+//! Machines with fewer cores than processes measure overhead, not scaling. Figures in NOTES.md.
+
+use std::process::Command;
+use std::time::Instant;
+
+use burn::backend::NdArray;
+use burn::optim::SgdConfig;
+use burn::tensor::TensorData;
+use burn_dtensor::LayoutMap;
+use burn_dtensor::spmd::{self, Reduction};
+use dtensor_imdb::model::{ImdbMlp, LossReduction};
+use dtensor_imdb::train::{Distributed, Mode, Placement, step};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn batch(n: usize, width: usize, seed: u64) -> (TensorData, TensorData) {
+    let mut s = seed;
+    let mut next = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let x: Vec<f32> = (0..n * width)
+        .map(|_| {
+            if next() % 10 == 0 {
+                (next() % 1000) as f32 / 500.0
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let y: Vec<i64> = (0..n).map(|_| (next() % 2) as i64).collect();
+    (TensorData::new(x, [n, width]), TensorData::new(y, [n]))
+}
+
+/// Median step time (ms) of `mode` on this world.
+fn median_step(mode: Mode, stacked: bool, steps: usize) -> f64 {
+    let p = Distributed::<NdArray>::new(
+        mode.default_mesh(),
+        8,
+        Default::default(),
+        LayoutMap::from_toml_str(mode.default_layout_map()).unwrap(),
+    )
+    .unwrap()
+    .with_stacked_execution(stacked)
+    .unwrap();
+    let (x, y) = batch(64, 1200, 7);
+    let device = p.device();
+    let mut model = Some(p.prepare_model(ImdbMlp::new(&device)).unwrap());
+    let mut optim = SgdConfig::new().init();
+    let mut times = Vec::new();
+    for i in 0..steps + 10 {
+        let t = Instant::now();
+        let (xb, yb) = p.train_batch(x.clone(), y.clone()).unwrap();
+        let (m, loss, _) = step(
+            model.take().unwrap(),
+            &mut optim,
+            xb,
+            yb,
+            1e-2,
+            LossReduction::Mean,
+        );
+        let _ = loss.into_data();
+        model = Some(m);
+        if i >= 10 {
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+fn run_all(steps: usize) {
+    let world = spmd::init().expect("joining the world");
+    let n = world.size();
+    for mode in [Mode::Data, Mode::Model, Mode::Spatial] {
+        if n == 1 {
+            let stacked = median_step(mode, true, steps);
+            let per_device = median_step(mode, false, steps);
+            println!(
+                "{:<8} 1 process   stacked {stacked:7.2} ms   per device {per_device:7.2} ms",
+                format!("{mode:?}").to_lowercase()
+            );
+        } else {
+            spmd::set_reduction(Reduction::Ordered);
+            let ordered = median_step(mode, false, steps);
+            spmd::set_reduction(Reduction::Engine);
+            let engine = median_step(mode, false, steps);
+            if world.is_chief() {
+                println!(
+                    "{:<8} {n} processes ordered {ordered:7.2} ms   engine     {engine:7.2} ms",
+                    format!("{mode:?}").to_lowercase()
+                );
+            }
+        }
+    }
+}
+
+fn main() {
+    // `cargo test --all-targets` runs this binary without `--bench`: 2 timed steps, 1 and 2
+    // processes, a smoke test.
+    let smoke = std::env::var_os("SPMD_BENCH_SMOKE").is_some()
+        || (spmd::launch_env().is_none() && !std::env::args().any(|a| a == "--bench"));
+    let steps = if smoke { 2 } else { 100 };
+    if spmd::launch_env().is_some_and(|(_, n)| n > 1) {
+        run_all(steps);
+        return;
+    }
+    run_all(steps);
+    if !cfg!(feature = "mpi") {
+        println!("skipped the multi-process runs: build with `--features mpi`");
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    for np in if smoke { vec![2] } else { vec![2, 4, 8] } {
+        let mut c = Command::new("mpirun");
+        c.args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            &np.to_string(),
+        ])
+        .arg(&exe);
+        if smoke {
+            c.env("SPMD_BENCH_SMOKE", "1");
+        }
+        let status = c.status();
+        match status {
+            Ok(s) if s.success() => {}
+            Ok(s) => panic!("mpirun -np {np} failed: {s}"),
+            Err(e) => {
+                println!("skipped: no mpirun ({e})");
+                return;
+            }
+        }
+    }
+}
