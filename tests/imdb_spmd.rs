@@ -251,16 +251,16 @@ impl<B: burn::tensor::backend::Backend> RecordTensors<B> for dtensor_imdb::model
     }
 }
 
-/// The worker side of [`f64_as_2_and_4_processes_matches_one_process`], which runs it under
+/// The worker side of [`f64_as_2_4_8_processes_matches_one_process`], which runs it under
 /// `mpirun` (`--ignored`).
 #[test]
-#[ignore = "worker: launched under mpirun by f64_as_2_and_4_processes_matches_one_process"]
+#[ignore = "worker: launched under mpirun by f64_as_2_4_8_processes_matches_one_process"]
 fn f64_worker() {
     let (Some(mode), Some(out)) = (
         std::env::var_os("IMDB_SPMD_MODE"),
         std::env::var_os("IMDB_SPMD_OUT"),
     ) else {
-        panic!("run by f64_as_2_and_4_processes_matches_one_process (IMDB_SPMD_MODE/OUT unset)");
+        panic!("run by f64_as_2_4_8_processes_matches_one_process (IMDB_SPMD_MODE/OUT unset)");
     };
     let data = train::prepare(&common::archive().unwrap()).unwrap();
     let mode = match mode.to_str().unwrap() {
@@ -289,7 +289,7 @@ fn weight_diff(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
 }
 
 #[test]
-fn f64_as_2_and_4_processes_matches_one_process() {
+fn f64_as_2_4_8_processes_matches_one_process() {
     let Some(archive) = common::archive() else {
         return;
     };
@@ -306,7 +306,7 @@ fn f64_as_2_and_4_processes_matches_one_process() {
     ] {
         let want = train_f64(mode, &data, false);
         let stacked = train_f64(mode, &data, true);
-        for np in [2, 4] {
+        for np in [2, 4, 8] {
             let out = dir.join(format!("{name}-{np}"));
             std::fs::create_dir_all(&out).unwrap();
             let mut c = mpirun(np);

@@ -194,7 +194,7 @@ pub trait DistributedKind<B: DistributedOps>: BasicOps<B> + BasicOps<B::Inner> {
 
 /// The per-device shards of a distributed primitive, row-major over the mesh.
 fn per_device<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> Vec<K::P> {
-    crate::stack::to_per_device::<B, K>(t).shards
+    crate::stack::to_per_device::<B, K>(t).into_per_device()
 }
 
 /// A float primitive's distributed form: quantized tensors are dequantized (they are always

@@ -28,6 +28,9 @@ pub struct MeshTopology {
     pub(crate) grid: crate::spmd::ProcessGrid,
     /// Whether the mesh spans several processes (`grid.world_size > 1`).
     pub(crate) multi: bool,
+    /// The in-process collective engines for this mesh's device type, chosen when the mesh is
+    /// built (see [`crate::collective`]); the cross-process engine is `grid`'s process groups.
+    pub(crate) engines: crate::collective::engine::LocalEngines,
 }
 
 impl MeshTopology {
@@ -36,6 +39,12 @@ impl MeshTopology {
     /// device at every position) unless switched off.
     pub fn is_stacked(&self) -> bool {
         self.stacked
+    }
+    /// The names of the in-process collective engines this mesh's collectives try before the
+    /// inner backend's own ops (`["cubecl-wgpu"]` on a `WgpuDevice` mesh with the `wgpu`
+    /// feature; empty on CPU backends), in the order they are tried.
+    pub fn collective_engines(&self) -> Vec<&'static str> {
+        self.engines.names()
     }
     /// The creation-layout policy: entry `i` is the mesh axis that shards dim `i` of every tensor
     /// created on this mesh (see [`Mesh::with_creation_sharding`]); empty when created tensors
@@ -271,7 +280,8 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
             return Self::new(axes, local_devices);
         }
         check_axes(&axes)?;
-        let grid = crate::spmd::grid(&axes, local_devices.len(), world)?;
+        let engine = crate::collective::engine::across_engine(&local_devices)?;
+        let grid = crate::spmd::grid(&axes, local_devices.len(), world, engine)?;
         Ok(Self::intern(axes, local_devices, false, Vec::new(), grid))
     }
 
@@ -401,6 +411,7 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
                 creation,
                 grid,
                 multi,
+                engines: crate::collective::engine::LocalEngines::for_device::<D>(),
             }),
             devices: Arc::new(devices),
         };

@@ -428,7 +428,7 @@ impl ProcessGrid {
     }
 }
 
-type GridKey = (Vec<(String, usize)>, usize);
+type GridKey = (Vec<(String, usize)>, usize, &'static str);
 static GRIDS: Mutex<Vec<(GridKey, ProcessGrid)>> = Mutex::new(Vec::new());
 
 /// The process grid of a mesh of `axes` over a world where each process contributes `local`
@@ -436,13 +436,20 @@ static GRIDS: Mutex<Vec<(GridKey, ProcessGrid)>> = Mutex::new(Vec::new());
 /// must be a box (JAX's rule): the trailing axes whole, then a divisor of one axis. Builds the
 /// process group of every axis with more than one process along it, after checking that every
 /// process asks for the same mesh. Collective over the world (every process builds the same
-/// meshes in the same order); cached per `(axes, local)`.
+/// meshes in the same order); cached per `(axes, local, engine)`. `engine` is the
+/// cross-process engine ([`crate::collective::engine::across_engine`]): its name, agreed on
+/// with the mesh, and how an axis group is made from its MPI group (`None`: MPI itself).
 ///
 /// # Errors
 /// [`DTensorError::ProcessGrid`] when the block is not a box or the counts do not multiply;
 /// [`DTensorError::ProcessMismatch`] when the processes ask for different meshes.
-pub(crate) fn grid(axes: &[(String, usize)], local: usize, world: &World) -> Result<ProcessGrid> {
-    let key = (axes.to_vec(), local);
+pub(crate) fn grid(
+    axes: &[(String, usize)],
+    local: usize,
+    world: &World,
+    (engine, wrap): (&'static str, Option<crate::collective::engine::AcrossWrap>),
+) -> Result<ProcessGrid> {
+    let key = (axes.to_vec(), local, engine);
     if let Some((_, g)) = GRIDS.lock().unwrap().iter().find(|(k, _)| *k == key) {
         return Ok(g.clone());
     }
@@ -453,7 +460,10 @@ pub(crate) fn grid(axes: &[(String, usize)], local: usize, world: &World) -> Res
         .map(|(a, s)| format!("{a}={s}"))
         .collect::<Vec<_>>()
         .join(",");
-    world.agree("mesh", &format!("{desc} with {local} devices per process"))?;
+    world.agree(
+        "mesh",
+        &format!("{desc} with {local} devices per process, engine {engine}"),
+    )?;
     let err = |reason: String| DTensorError::ProcessGrid {
         mesh: desc.clone(),
         global,
@@ -525,18 +535,24 @@ pub(crate) fn grid(axes: &[(String, usize)], local: usize, world: &World) -> Res
     let world_group = world.group();
     let groups = (0..axes.len())
         .map(|a| {
-            let g = world_group?;
+            let Some(g) = world_group else {
+                return Ok(None);
+            };
             if procs[a] == 1 {
-                return None;
+                return Ok(None);
             }
             // Processes differing only on axis `a`: the color is the process grid index with
             // coordinate `a` zeroed, the key the coordinate on `a`.
             let color = (0..axes.len()).fold(0, |acc, b| {
                 acc * procs[b] + if b == a { 0 } else { pcoord[b] }
             });
-            Some(g.split(color, pcoord[a]))
+            let sub = g.split(color, pcoord[a]);
+            match &wrap {
+                None => Ok(Some(sub)),
+                Some(w) => w(sub).map(Some),
+            }
         })
-        .collect();
+        .collect::<Result<_>>()?;
     let g = ProcessGrid {
         world_size: n,
         procs,

@@ -32,7 +32,7 @@ use crate::inner::{prefer_dense, reshape_copies};
 use crate::layout::Layout;
 use crate::rules::pointwise::broadcast_shape;
 use crate::shard;
-use crate::tensor::{DTensor, Kind};
+use crate::tensor::{DTensor, Kind, Shards};
 
 /// Where an op's inner closure runs: on the shard of one mesh device (its flat index), or once
 /// on the stacked primitive whose first `k` dims are the mesh axes.
@@ -151,7 +151,7 @@ pub(crate) fn is_representative(layout: &Layout, i: usize) -> bool {
 ///
 /// The caller checks [`stackable`].
 pub fn to_stacked<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> {
-    if t.stacked {
+    if t.is_stacked() {
         return t;
     }
     debug_assert!(
@@ -161,18 +161,12 @@ pub fn to_stacked<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> {
         t.shape
     );
     let target = stack_shape(&t.layout, &t.shape);
-    let DTensor {
-        shape,
-        layout,
-        shards,
-        reduced,
-        ..
-    } = t;
-    let reps: Vec<K::P> = shards
-        .into_iter()
+    let reps: Vec<K::P> = t
+        .per_device()
+        .iter()
         .enumerate()
-        .filter(|(i, _)| is_representative(&layout, *i))
-        .map(|(_, p)| p)
+        .filter(|(i, _)| is_representative(&t.layout, *i))
+        .map(|(_, p)| p.clone())
         .collect();
     let stack = if reps.len() == 1 {
         K::reshape(reps.into_iter().next().expect("one shard"), target.into())
@@ -188,42 +182,33 @@ pub fn to_stacked<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> {
         K::reshape(K::cat(parts, 0), target.into())
     };
     // The same logical tensor: it shares the memoised reduction of a partial value.
-    DTensor {
-        reduced,
-        ..DTensor::from_stacked(shape, layout, stack)
-    }
+    t.with_shards(Shards::Stacked(stack))
 }
 
 /// Puts a stacked tensor in per-device form (a no-op when it already is): one slice of the
 /// stack per representative device (a view on CPU backends), shared by its replicas.
 pub fn to_per_device<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> {
-    if !t.stacked {
+    if !t.is_stacked() {
         return t;
     }
-    let DTensor {
-        shape,
-        layout,
-        mut shards,
-        reduced,
-        ..
-    } = t.materialized();
-    let stack = shards.pop().expect("a stacked primitive");
+    let stack = t.shards()[0].clone();
+    let (shape, layout) = (&t.shape, &t.layout);
     let topo = layout.mesh.clone();
     let k = topo.ndim();
     let n = topo.size();
     let mut out: Vec<K::P> = Vec::with_capacity(n);
     for i in 0..n {
-        let rep = representative(&layout, i);
+        let rep = representative(layout, i);
         if rep != i {
             let p = out[rep].clone();
             out.push(p);
             continue;
         }
-        let local = shard::local_shape(&layout, &shape, i);
-        let sliced = if (0..k).any(|a| uses_axis(&layout, a)) {
+        let local = shard::local_shape(layout, shape, i);
+        let sliced = if (0..k).any(|a| uses_axis(layout, a)) {
             let mut slices: Vec<Slice> = (0..k)
                 .map(|a| {
-                    let c = if uses_axis(&layout, a) {
+                    let c = if uses_axis(layout, a) {
                         topo.coord(i, a)
                     } else {
                         0
@@ -238,10 +223,7 @@ pub fn to_per_device<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> 
         };
         out.push(K::reshape(sliced, Shape::from(local)));
     }
-    DTensor {
-        reduced,
-        ..DTensor::from_parts(shape, layout, out)
-    }
+    t.with_shards(Shards::PerDevice(out))
 }
 
 /// A stacked op's result as a tensor of global `shape` under `layout`.

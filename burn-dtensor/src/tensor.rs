@@ -11,15 +11,8 @@ use burn::tensor::{DType, Shape, Slice, TensorData, TensorMetadata};
 use crate::layout::{Layout, ReduceOp};
 use crate::shard;
 
-/// A distributed tensor: global `shape`, its `layout` on a mesh, and its shards in one of two
-/// forms:
-/// - **per device** (`stacked == false`): `shards[i]` is the inner primitive held by mesh device
-///   `i` (row-major), of the per-shard shape [`shard::local_shape`] gives; on a multi-process
-///   mesh, only this process's positions (see [`crate::spmd`]): `shards[j]` is position
-///   [`MeshTopology::global`](crate::MeshTopology::global)`(j)`;
-/// - **stacked** (`stacked == true`, virtual meshes only, see [`crate::stack`]): `shards` holds
-///   one primitive of shape [`shard::stack_shape`]: one leading dim per mesh axis (the axis size
-///   where the layout uses the axis, else 1), then the per-shard shape.
+/// A distributed tensor: global `shape`, its `layout` on a mesh, and its shard values in one of
+/// the states of [`Shards`] (per device, stacked, or stacked with deferred partial products).
 ///
 /// Replicated dims hold the whole extent on each device; a partial layout means the global value
 /// is the reduction of the shards along the pending axes.
@@ -29,16 +22,32 @@ pub struct DTensor<P> {
     /// Shared, so that moving a tensor through the decorator's layers moves a pointer rather
     /// than the layout's inline dims (the tensor is moved by value several times per op).
     pub(crate) layout: Arc<Layout>,
-    pub(crate) shards: Vec<P>,
-    /// Whether `shards` is the one stacked primitive (see above).
-    pub(crate) stacked: bool,
+    /// Where the shard values are: the tensor's one piece of state.
+    pub(crate) shards: Shards<P>,
     /// Memoised reduction of a partial tensor, shared by clones, so that two consumers of one
     /// partial result (say a gradient used twice by Adam) trigger one all-reduce, not two.
-    /// Allocated only for partial layouts (the others have nothing to memoise).
+    /// Allocated only for partial layouts (the others have nothing to memoise). A cache of the
+    /// value, not a state: every reader may ignore it.
     pub(crate) reduced: Option<Arc<OnceLock<Box<DTensor<P>>>>>,
-    /// A stacked partial tensor whose shards are computed only when a consumer reads them (then
-    /// `shards` is empty): see [`Deferred`].
-    pub(crate) deferred: Option<Arc<Deferred<P>>>,
+}
+
+/// The state of a [`DTensor`]'s shard values: exactly one of three forms. Every file that needs
+/// to know the form matches on this enum; the choice of form for an op's output is made in one
+/// place (`ops::dispatch::holds_stacked`).
+#[derive(Clone, Debug)]
+pub enum Shards<P> {
+    /// One inner primitive per addressable mesh position, of the per-shard shape
+    /// [`shard::local_shape`] gives: `v[i]` is device `i` (row-major) in one process; on a
+    /// multi-process mesh only this process's positions, `v[j]` being position
+    /// [`MeshTopology::global`](crate::MeshTopology::global)`(j)` (see [`crate::spmd`]).
+    PerDevice(Vec<P>),
+    /// One primitive of shape [`shard::stack_shape`] holding every shard (virtual meshes only,
+    /// see [`crate::stack`]): one leading dim per mesh axis (the axis size where the layout uses
+    /// the axis, else 1), then the per-shard shape.
+    Stacked(P),
+    /// A stacked partial tensor held by its reduced value, its shards computed when first read
+    /// (see [`Deferred`]).
+    Deferred(Arc<Deferred<P>>),
 }
 
 /// The shards of a stacked partial tensor, computed on first read, beside its reduced value,
@@ -77,27 +86,29 @@ impl<P> std::fmt::Debug for Deferred<P> {
 
 impl<P> DTensor<P> {
     /// Builds a tensor from its parts (no check: internal).
+    fn with_state(shape: Vec<usize>, layout: Arc<Layout>, shards: Shards<P>) -> Self {
+        debug_assert_eq!(
+            layout.rank(),
+            shape.len(),
+            "layout {layout} vs shape {shape:?}"
+        );
+        let reduced = layout.is_partial().then(Arc::default);
+        Self {
+            shape,
+            layout,
+            shards,
+            reduced,
+        }
+    }
+    /// Builds a per-device tensor from its shards (no check: internal).
     pub(crate) fn from_parts(
         shape: Vec<usize>,
         layout: impl Into<Arc<Layout>>,
         shards: Vec<P>,
     ) -> Self {
         let layout = layout.into();
-        debug_assert_eq!(
-            layout.rank(),
-            shape.len(),
-            "layout {layout} vs shape {shape:?}"
-        );
         debug_assert_eq!(layout.mesh.local_size(), shards.len());
-        let reduced = layout.is_partial().then(Arc::default);
-        Self {
-            shape,
-            layout,
-            shards,
-            stacked: false,
-            reduced,
-            deferred: None,
-        }
+        Self::with_state(shape, layout, Shards::PerDevice(shards))
     }
     /// Builds a tensor in stacked form from its one stacked primitive (no check: internal).
     pub(crate) fn from_stacked(
@@ -105,21 +116,7 @@ impl<P> DTensor<P> {
         layout: impl Into<Arc<Layout>>,
         stack: P,
     ) -> Self {
-        let layout = layout.into();
-        debug_assert_eq!(
-            layout.rank(),
-            shape.len(),
-            "layout {layout} vs shape {shape:?}"
-        );
-        let reduced = layout.is_partial().then(Arc::default);
-        Self {
-            shape,
-            layout,
-            shards: vec![stack],
-            stacked: true,
-            reduced,
-            deferred: None,
-        }
+        Self::with_state(shape, layout.into(), Shards::Stacked(stack))
     }
     /// A stacked partial tensor held by its reduced value (the stacked primitive of
     /// `layout.without_partial()`), its shards computed by `compute` when first read (see
@@ -134,33 +131,20 @@ impl<P> DTensor<P> {
             layout.is_partial() && layout.mesh.stacked,
             "deferred shards are for stacked partial tensors"
         );
-        let deferred = Some(Arc::new(Deferred {
+        let d = Arc::new(Deferred {
             reduced,
             stack: OnceLock::new(),
             compute: Box::new(compute),
-        }));
-        Self {
-            shape,
-            reduced: Some(Arc::default()),
-            shards: Vec::new(),
-            stacked: true,
-            layout: Arc::new(layout),
-            deferred,
-        }
+        });
+        Self::with_state(shape, Arc::new(layout), Shards::Deferred(d))
     }
-    /// The tensor with its shards computed (a no-op unless they were deferred).
-    pub(crate) fn materialized(mut self) -> Self
-    where
-        P: Clone,
-    {
-        if let Some(d) = self.deferred.take() {
-            self.shards = vec![d.stack().clone()];
-        }
-        self
+    /// The same logical tensor in another state: keeps the memoised reduction.
+    pub(crate) fn with_shards(self, shards: Shards<P>) -> Self {
+        Self { shards, ..self }
     }
-    /// Whether the shards are held stacked (one primitive; see the type's docs).
+    /// Whether the shards are held stacked (one primitive, possibly deferred; see [`Shards`]).
     pub fn is_stacked(&self) -> bool {
-        self.stacked
+        !matches!(self.shards, Shards::PerDevice(_))
     }
     /// The global shape.
     pub fn global_shape(&self) -> &[usize] {
@@ -171,11 +155,13 @@ impl<P> DTensor<P> {
         &self.layout
     }
     /// The per-device primitives (row-major over the mesh), or, when [`DTensor::is_stacked`], the
-    /// one stacked primitive. [`crate::to_local_shards`] always gives per-device shards.
+    /// one stacked primitive (deferred shards computed now). [`crate::to_local_shards`] always
+    /// gives per-device shards.
     pub fn shards(&self) -> &[P] {
-        match &self.deferred {
-            Some(d) => std::slice::from_ref(d.stack()),
-            None => &self.shards,
+        match &self.shards {
+            Shards::PerDevice(v) => v,
+            Shards::Stacked(p) => std::slice::from_ref(p),
+            Shards::Deferred(d) => std::slice::from_ref(d.stack()),
         }
     }
     /// Consumes the tensor into its primitives (as [`DTensor::shards`]).
@@ -183,7 +169,45 @@ impl<P> DTensor<P> {
     where
         P: Clone,
     {
-        self.materialized().shards
+        match self.shards {
+            Shards::PerDevice(v) => v,
+            Shards::Stacked(p) => vec![p],
+            Shards::Deferred(d) => vec![d.stack().clone()],
+        }
+    }
+    /// The per-device shards of a tensor known to be per device (the dispatcher's operands after
+    /// [`crate::redistribute::execute`]).
+    ///
+    /// # Panics
+    /// On a stacked tensor (an internal bug).
+    pub(crate) fn per_device(&self) -> &[P] {
+        match &self.shards {
+            Shards::PerDevice(v) => v,
+            _ => panic!("burn-dtensor: per-device shards expected, found a stacked tensor"),
+        }
+    }
+    /// As [`DTensor::per_device`], by value.
+    pub(crate) fn into_per_device(self) -> Vec<P> {
+        match self.shards {
+            Shards::PerDevice(v) => v,
+            _ => panic!("burn-dtensor: per-device shards expected, found a stacked tensor"),
+        }
+    }
+    /// The stacked primitive of a stacked tensor (deferred shards computed now).
+    ///
+    /// # Panics
+    /// On a per-device tensor (an internal bug).
+    pub(crate) fn into_stack(self) -> P
+    where
+        P: Clone,
+    {
+        match self.shards {
+            Shards::Stacked(p) => p,
+            Shards::Deferred(d) => d.stack().clone(),
+            Shards::PerDevice(_) => {
+                panic!("burn-dtensor: a stacked tensor expected, found per-device shards")
+            }
+        }
     }
     /// Per-shard shape of this process's `j`-th shard (the mesh position
     /// [`MeshTopology::global`](crate::MeshTopology::global)`(j)`; device `j` in one process).
@@ -194,9 +218,10 @@ impl<P> DTensor<P> {
 
 impl<P: TensorMetadata> TensorMetadata for DTensor<P> {
     fn dtype(&self) -> DType {
-        match &self.deferred {
-            Some(d) => d.reduced.dtype(),
-            None => self.shards[0].dtype(),
+        match &self.shards {
+            Shards::PerDevice(v) => v[0].dtype(),
+            Shards::Stacked(p) => p.dtype(),
+            Shards::Deferred(d) => d.reduced.dtype(),
         }
     }
     fn shape(&self) -> Shape {

@@ -272,3 +272,18 @@ kernel_suite!(
 );
 #[cfg(feature = "cuda")]
 kernel_suite!(cuda, crate::common::CudaPlain, Default::default());
+
+/// The in-process collective engines are chosen when the mesh is built, from the inner device
+/// type: CubeCL's kernels for a Wgpu mesh, none (the inner backend's ops) for NdArray.
+#[cfg(feature = "wgpu")]
+#[test]
+fn engines_chosen_when_the_mesh_is_built() {
+    let wgpu = Mesh::new([("x", 2)], vec![burn::backend::wgpu::WgpuDevice::Cpu; 2]).unwrap();
+    assert_eq!(wgpu.topology().collective_engines(), ["cubecl-wgpu"]);
+    let cpu = Mesh::new(
+        [("x", 2)],
+        vec![burn::backend::ndarray::NdArrayDevice::Cpu; 2],
+    )
+    .unwrap();
+    assert!(cpu.topology().collective_engines().is_empty());
+}

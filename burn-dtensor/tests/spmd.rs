@@ -343,7 +343,8 @@ fn gradients_across_processes() {
 }
 
 /// Processes asking for different meshes get a typed error naming the rank that differs;
-/// a mesh whose blocks are not boxes is refused with the fix.
+/// a mesh whose blocks are not boxes is refused with the fix; a bad cross-process engine choice
+/// is a typed error.
 #[test]
 fn start_up_checks_across_processes() {
     let name = "start_up_checks_across_processes";
@@ -370,6 +371,29 @@ fn start_up_checks_across_processes() {
         matches!(e, burn_dtensor::DTensorError::ProcessGrid { .. }),
         "{e}"
     );
+    // The cross-process engine is chosen with the mesh (`BURN_DTENSOR_SPMD_ENGINE`): an
+    // unknown name, and NCCL without its features or on CPU devices, are typed errors before any
+    // collective.
+    let nccl_says = if cfg!(all(feature = "nccl", feature = "mpi")) {
+        "CUDA devices"
+    } else {
+        "--features nccl,mpi"
+    };
+    for (engine, says) in [("bogus", "unknown engine"), ("nccl", nccl_says)] {
+        // SAFETY: the worker runs one test on one thread (`--test-threads=1`).
+        unsafe { std::env::set_var("BURN_DTENSOR_SPMD_ENGINE", engine) };
+        let e = Mesh::spmd([("e", 4)], vec![Dev::default(); 2]).unwrap_err();
+        unsafe { std::env::remove_var("BURN_DTENSOR_SPMD_ENGINE") };
+        assert!(
+            matches!(e, burn_dtensor::DTensorError::Spmd(_)) && e.to_string().contains(says),
+            "{engine}: {e}"
+        );
+    }
+    // MPI by name is the default.
+    unsafe { std::env::set_var("BURN_DTENSOR_SPMD_ENGINE", "mpi") };
+    let m = Mesh::spmd([("e", 4)], vec![Dev::default(); 2]);
+    unsafe { std::env::remove_var("BURN_DTENSOR_SPMD_ENGINE") };
+    assert_eq!(m.unwrap().size(), 4);
     // Seeds and layout maps: `agree`.
     let e = w.agree("seed", &format!("{}", 40 + w.rank())).unwrap_err();
     assert!(e.to_string().contains("seed"), "{e}");

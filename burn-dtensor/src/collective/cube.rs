@@ -15,8 +15,10 @@
 //! device offers that divides the row widths; sizes that are not multiples fall back to narrower
 //! vectors, down to scalars. Inputs that are not contiguous are made contiguous first.
 //!
-//! The path is taken from [`super::generic`] by a type test on the inner primitive
-//! (`CubeTensor<WgpuRuntime>` or `CubeTensor<CudaRuntime>`); any other backend, a dtype the
+//! The kernels are the in-process collective engine ([`CubeKernels`]) of meshes over
+//! `WgpuDevice` or `CudaDevice`, chosen when the mesh is built
+//! ([`super::engine::LocalEngines::for_device`]); each call still checks that the primitives are
+//! `CubeTensor`s of that runtime: a fusion backend's primitives, a dtype the
 //! kernels do not handle (quantized, native bool, flex32), empty tensors or shards on different
 //! devices fall back to the generic path. [`kernel_launches`] counts the launches so tests can
 //! check the path was taken.
@@ -32,6 +34,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::calculate_cube_count_elemwise;
 use cubecl::prelude::*;
 
+use super::engine::LocalEngine;
 use crate::layout::ReduceOp;
 
 static LAUNCHES: AtomicU64 = AtomicU64::new(0);
@@ -165,13 +168,13 @@ fn vector_size<R: CubeRuntime>(t: &CubeTensor<R>, counts: &[usize]) -> usize {
 
 /// The parts as `CubeTensor<R>`s, when `P` is `CubeTensor<R>`, all parts share a device and a
 /// supported dtype, and none is empty.
-fn as_cube<R: CubeRuntime, P: 'static>(parts: &[P]) -> Option<Vec<CubeTensor<R>>> {
+fn as_cube<R: CubeRuntime>(parts: &[&dyn Any]) -> Option<Vec<CubeTensor<R>>> {
     if !ENABLED.load(Ordering::Relaxed) {
         return None;
     }
     let mut out = Vec::with_capacity(parts.len());
     for p in parts {
-        let t = (p as &dyn Any).downcast_ref::<CubeTensor<R>>()?;
+        let t = p.downcast_ref::<CubeTensor<R>>()?;
         if t.qparams.is_some() || !supported(t.dtype) || t.shape().num_elements() == 0 {
             return None;
         }
@@ -184,12 +187,6 @@ fn as_cube<R: CubeRuntime, P: 'static>(parts: &[P]) -> Option<Vec<CubeTensor<R>>
         out.push(into_contiguous(t.clone()));
     }
     (!out.is_empty()).then_some(out)
-}
-
-fn from_cube<R: CubeRuntime, P: 'static>(t: CubeTensor<R>) -> P {
-    *(Box::new(t) as Box<dyn Any>)
-        .downcast::<P>()
-        .expect("burn-dtensor: CubeTensor round trip")
 }
 
 /// The buffer of `t` as an array argument. Its length is given in elements; the kernel's
@@ -300,28 +297,35 @@ fn cat_on<R: CubeRuntime>(parts: Vec<CubeTensor<R>>, dim: usize) -> Option<CubeT
     Some(output)
 }
 
-macro_rules! for_runtimes {
-    ($parts:expr, $f:ident, $arg:expr) => {{
-        #[cfg(feature = "wgpu")]
-        if let Some(ts) = as_cube::<burn::backend::wgpu::WgpuRuntime, P>($parts) {
-            return $f(ts, $arg).map(from_cube::<burn::backend::wgpu::WgpuRuntime, P>);
-        }
-        #[cfg(feature = "cuda")]
-        if let Some(ts) = as_cube::<cubecl::cuda::CudaRuntime, P>($parts) {
-            return $f(ts, $arg).map(from_cube::<cubecl::cuda::CudaRuntime, P>);
-        }
-        None
-    }};
+/// The kernels as an in-process collective engine for runtime `R` (see
+/// [`super::engine::LocalEngines::for_device`]).
+pub(crate) struct CubeKernels<R> {
+    name: &'static str,
+    _runtime: std::marker::PhantomData<fn() -> R>,
 }
 
-/// The `op`-reduction of `parts` (same shape, same device) in one kernel launch, or `None` when
-/// the fused path does not apply (see the module docs) and the caller must use the generic one.
-pub fn try_reduce<P: 'static>(parts: &[P], op: ReduceOp) -> Option<P> {
-    for_runtimes!(parts, reduce_on, op)
+impl<R> CubeKernels<R> {
+    pub(crate) fn new(name: &'static str) -> Self {
+        Self {
+            name,
+            _runtime: std::marker::PhantomData,
+        }
+    }
 }
 
-/// The concatenation of `parts` along `dim` (same device) in one kernel launch, or `None` when
-/// the fused path does not apply. Empty parts must have been removed by the caller.
-pub fn try_cat<P: 'static>(parts: &[P], dim: usize) -> Option<P> {
-    for_runtimes!(parts, cat_on, dim)
+impl<R: CubeRuntime> LocalEngine for CubeKernels<R> {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    /// The `op`-reduction of `parts` (same shape, same device) in one kernel launch, or `None`
+    /// when the fused path does not apply (see the module docs).
+    fn reduce(&self, parts: &[&dyn Any], op: ReduceOp) -> Option<Box<dyn Any>> {
+        let out = reduce_on(as_cube::<R>(parts)?, op)?;
+        Some(Box::new(out))
+    }
+    /// The concatenation of `parts` along `dim` (same device, none empty) in one kernel launch.
+    fn cat(&self, parts: &[&dyn Any], dim: usize) -> Option<Box<dyn Any>> {
+        let out = cat_on(as_cube::<R>(parts)?, dim)?;
+        Some(Box::new(out))
+    }
 }

@@ -1,12 +1,16 @@
 //! Collectives written once over [`Kind`]: they work on any inner backend.
 //!
 //! Each function takes the per-device shards of one tensor (row-major over the mesh), the mesh
-//! topology and the axis, and rewrites the shards of every sub-group of that axis in place.
+//! topology and the axis, and rewrites the shards of every sub-group of that axis in place. The
+//! mesh's in-process engines ([`LocalEngines`], chosen when the mesh was built) are asked first
+//! for each group's reduction, concatenation or all-reduce; across processes, the axis'
+//! [`crate::spmd::ProcessGroup`] ([`across`]).
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Slice, TensorMetadata};
 
 use super::across;
+use super::engine::LocalEngines;
 use crate::comm::{self, CollectiveKind};
 use crate::inner::threads_for;
 use crate::layout::ReduceOp;
@@ -60,7 +64,15 @@ fn set_group<B: Backend, K: Kind<B>>(shards: &mut [K::P], group: &[usize], value
 /// Element-wise reduction of a group's shards onto its first member's device: `k - 1` inner ops,
 /// as a chain, or, when the shards are large enough for worker threads (CPU backends, see
 /// [`threads_for`] and [`par_min`]), as a pairwise tree whose pairs of a level run in parallel.
-fn reduce_group<B: Backend, K: Kind<B>>(shards: &[K::P], group: &[usize], op: ReduceOp) -> K::P {
+///
+/// The mesh's in-process engines ([`MeshTopology::engines`]: CubeCL's one-launch reduction) are
+/// asked first.
+fn reduce_group<B: Backend, K: Kind<B>>(
+    shards: &[K::P],
+    group: &[usize],
+    op: ReduceOp,
+    engines: &LocalEngines,
+) -> K::P {
     use rayon::prelude::*;
     let dev0 = K::device(&shards[group[0]]);
     let mut level: Vec<K::P> = group
@@ -74,9 +86,8 @@ fn reduce_group<B: Backend, K: Kind<B>>(shards: &[K::P], group: &[usize], op: Re
             }
         })
         .collect();
-    #[cfg(any(feature = "wgpu", feature = "cuda"))]
     if level.len() > 1
-        && let Some(r) = super::cube::try_reduce(&level, op)
+        && let Some(r) = engines.reduce(&level, op)
     {
         return r;
     }
@@ -126,37 +137,37 @@ fn reduce_across<B: Backend, K: Kind<B>>(
     global: &[usize],
 ) -> (K::P, u64) {
     let Some(pg) = pg else {
-        return (reduce_group::<B, K>(shards, group, op), 0);
+        return (reduce_group::<B, K>(shards, group, op, &topo.engines), 0);
     };
     match crate::spmd::reduction() {
         crate::spmd::Reduction::Ordered => {
             let members = group.iter().map(|&i| shards[i].clone()).collect();
             across::all_reduce_ordered::<B, K>(members, pg, topo, axis, global, |all| {
-                reduce_group::<B, K>(all, &(0..all.len()).collect::<Vec<_>>(), op)
+                let everyone: Vec<usize> = (0..all.len()).collect();
+                reduce_group::<B, K>(all, &everyone, op, &topo.engines)
             })
         }
         crate::spmd::Reduction::Engine => {
-            let acc = reduce_group::<B, K>(shards, group, op);
+            let acc = reduce_group::<B, K>(shards, group, op, &topo.engines);
             across::all_reduce::<B, K>(acc, pg, topo, axis, op, global)
         }
     }
 }
 
-/// The one-launch CubeCL concatenation of the non-empty parts, when it applies.
-#[allow(unused_variables)]
-fn fused_cat<B: Backend, K: Kind<B>>(parts: &[K::P], dim: usize) -> Option<K::P> {
-    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+/// The concatenation of `parts` along `dim`: by the mesh's in-process engine when one applies to
+/// the non-empty parts (CubeCL's one-launch concatenation), else the inner backend's `cat`.
+fn cat_parts<B: Backend, K: Kind<B>>(parts: Vec<K::P>, dim: usize, engines: &LocalEngines) -> K::P {
+    let nonempty: Vec<K::P> = parts
+        .iter()
+        .filter(|p| p.shape().num_elements() > 0)
+        .cloned()
+        .collect();
+    if nonempty.len() > 1
+        && let Some(r) = engines.cat(&nonempty, dim)
     {
-        let nonempty: Vec<K::P> = parts
-            .iter()
-            .filter(|p| p.shape().num_elements() > 0)
-            .cloned()
-            .collect();
-        if nonempty.len() > 1 {
-            return super::cube::try_cat(&nonempty, dim);
-        }
+        return r;
     }
-    None
+    K::cat(parts, dim)
 }
 
 /// All-reduce along `axis`: every device ends with the `op`-reduction of its group's shards
@@ -172,10 +183,9 @@ pub fn all_reduce<B: Backend, K: Kind<B>>(
     let pg = across::group(topo, axis);
     let (mut bytes, mut remote) = (0, 0);
     for group in topo.local_groups(axis) {
-        #[cfg(all(feature = "cuda", feature = "nccl"))]
         if pg.is_none() {
             let members: Vec<K::P> = group.iter().map(|&i| shards[i].clone()).collect();
-            if let Some(reduced) = super::nccl::try_all_reduce(&members, op) {
+            if let Some(reduced) = topo.engines.all_reduce(&members, op) {
                 bytes += 2 * (k - 1) * nbytes(&reduced[0]);
                 for (&i, r) in group.iter().zip(reduced) {
                     shards[i] = r;
@@ -210,7 +220,7 @@ pub fn all_gather<B: Backend, K: Kind<B>>(
     let pg = across::group(topo, axis);
     let (mut bytes, mut remote) = (0, 0);
     for group in topo.local_groups(axis) {
-        let mut full = gather_group::<B, K>(shards, &group, dim);
+        let mut full = gather_group::<B, K>(shards, &group, dim, &topo.engines);
         bytes += (k - 1) * nbytes(&full);
         if let Some(pg) = pg {
             let (v, b) = across::all_gather::<B, K>(full, pg, topo, axis, dim, global);
@@ -229,7 +239,12 @@ pub fn all_gather<B: Backend, K: Kind<B>>(
 }
 
 /// The concatenation along `dim` of a group's shards, on its first member's device.
-fn gather_group<B: Backend, K: Kind<B>>(shards: &[K::P], group: &[usize], dim: usize) -> K::P {
+fn gather_group<B: Backend, K: Kind<B>>(
+    shards: &[K::P],
+    group: &[usize],
+    dim: usize,
+    engines: &LocalEngines,
+) -> K::P {
     let dev0 = K::device(&shards[group[0]]);
     let parts = group
         .iter()
@@ -242,7 +257,7 @@ fn gather_group<B: Backend, K: Kind<B>>(shards: &[K::P], group: &[usize], dim: u
             }
         })
         .collect::<Vec<_>>();
-    fused_cat::<B, K>(&parts, dim).unwrap_or_else(|| K::cat(parts, dim))
+    cat_parts::<B, K>(parts, dim, engines)
 }
 
 /// Reduce-scatter along `axis`: the group's `op`-reduction, chunked along `dim` (whose full size
@@ -296,7 +311,7 @@ pub fn all_to_all<B: Backend, K: Kind<B>>(
         let l = topo.local_axis_size(axis) as u64;
         let (mut bytes, mut remote) = (0, 0);
         for group in topo.local_groups(axis) {
-            let block = gather_group::<B, K>(shards, &group, from_dim);
+            let block = gather_group::<B, K>(shards, &group, from_dim, &topo.engines);
             bytes += (l - 1) * nbytes(&block);
             let (full, b) = across::all_gather::<B, K>(block, pg, topo, axis, from_dim, global);
             remote += b;
@@ -337,8 +352,7 @@ pub fn all_to_all<B: Backend, K: Kind<B>>(
                     }
                 })
                 .collect::<Vec<_>>();
-            shards[i] =
-                fused_cat::<B, K>(&parts, from_dim).unwrap_or_else(|| K::cat(parts, from_dim));
+            shards[i] = cat_parts::<B, K>(parts, from_dim, &topo.engines);
             bytes += nbytes(&olds[c]) * (k as u64 - 1) / k as u64;
         }
     }

@@ -216,7 +216,7 @@ pub fn fallback1<B: Backend, KI: Kind<B>, KO: Kind<B>>(
 
 /// Gives a replicated output computed by a fallback its real shape and rank.
 pub fn fix_replicated<P: TensorMetadata>(mut r: DTensor<P>) -> DTensor<P> {
-    let shape = r.shards[0].shape().to_vec();
+    let shape = r.per_device()[0].shape().to_vec();
     r.layout = std::sync::Arc::new(Layout::replicated_on(&r.layout.mesh, shape.len()));
     r.shape = shape;
     r
@@ -695,7 +695,7 @@ pub fn into_data<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> TensorData {
         let whole = Layout::replicated_on(&t.layout.mesh, t.shape.len());
         let t = crate::redistribute::execute::<B, K>(t, &whole);
         let first = t
-            .shards
+            .into_per_device()
             .into_iter()
             .next()
             .expect("a process owns a position");
@@ -707,7 +707,7 @@ pub fn into_data<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> TensorData {
         stack::to_per_device::<B, K>(t)
     };
     let mut pieces = Vec::new();
-    for (i, p) in t.shards.iter().enumerate() {
+    for (i, p) in t.per_device().iter().enumerate() {
         // One device per chunk (the layout is settled: its used axes are the sharding ones).
         if stack::is_representative(&t.layout, i) {
             pieces.push((

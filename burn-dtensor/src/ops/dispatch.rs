@@ -6,6 +6,7 @@
 //! 8-device virtual mesh costs one inner op, not eight. On a stacked virtual mesh
 //! ([`crate::stack`]) an op whose closure has a stacked form runs once on the stacked operands.
 
+use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
 
 use crate::inner::threads_for;
@@ -13,7 +14,7 @@ use crate::layout::Layout;
 use crate::redistribute::{execute, execute_stacked};
 use crate::rules::Strategy;
 use crate::stack::{self, At};
-use crate::tensor::{DTensor, Kind};
+use crate::tensor::{DTensor, Kind, Shards};
 
 /// For each device: `None` to compute, `Some(j)` to reuse device `j`'s result.
 pub(crate) fn dedupe_plan<D: PartialEq>(layouts: &[&Layout], devices: &[D]) -> Vec<Option<usize>> {
@@ -110,12 +111,12 @@ fn run_each<P: Clone + Send, I: Send>(
 /// inner op on the one shard, with a replicated output: [`solo_map`] builds it without computing a
 /// sharding rule (the decorator's per-op cost on a one-device mesh).
 pub(crate) fn is_solo<P>(t: &DTensor<P>) -> bool {
-    t.shards.len() == 1 && !t.stacked && !t.layout.mesh.multi
+    matches!(&t.shards, Shards::PerDevice(v) if v.len() == 1) && !t.layout.mesh.multi
 }
 
 /// The only shard of a tensor on a one-device mesh.
 pub(crate) fn only<P>(t: DTensor<P>) -> P {
-    t.shards.into_iter().next().expect("one shard")
+    t.into_per_device().into_iter().next().expect("one shard")
 }
 
 /// An op on a one-device mesh: `f` on `t`'s only shard (other operands taken with [`only`]
@@ -134,6 +135,9 @@ pub(crate) fn solo_map<P, Q: burn::tensor::TensorMetadata>(
         shards,
         ..
     } = t;
+    let Shards::PerDevice(shards) = shards else {
+        unreachable!("is_solo: one per-device shard")
+    };
     let mut f = Some(f);
     let shards: Vec<Q> = shards
         .into_iter()
@@ -198,12 +202,12 @@ pub fn run1<B: Backend, K1: Kind<B>, KO: Kind<B>>(
         );
     }
     let t = execute::<B, K1>(t, &s.inputs[0]);
-    let plan = plan_for::<B, K1>(&t.shards, &[&s.inputs[0], &s.output]);
-    let w = work(&t.shards);
+    let plan = plan_for::<B, K1>(t.per_device(), &[&s.inputs[0], &s.output]);
+    let w = work(t.per_device());
     DTensor::from_parts(
         shape,
         s.output.clone(),
-        run_each(t.shards, &plan, w, threads_for::<B>(), |i, x| {
+        run_each(t.into_per_device(), &plan, w, threads_for::<B>(), |i, x| {
             f(At::Device(s.output.mesh.global(i)), x)
         }),
     )
@@ -248,9 +252,13 @@ pub fn run2_weighted<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
     }
     let a = execute::<B, K1>(a, &s.inputs[0]);
     let b = execute::<B, K2>(b, &s.inputs[1]);
-    let plan = plan_for::<B, K1>(&a.shards, &[&s.inputs[0], &s.inputs[1], &s.output]);
-    let w = weigh(&a.shards, &b.shards);
-    let inputs: Vec<_> = a.shards.into_iter().zip(b.shards).collect();
+    let plan = plan_for::<B, K1>(a.per_device(), &[&s.inputs[0], &s.inputs[1], &s.output]);
+    let w = weigh(a.per_device(), b.per_device());
+    let inputs: Vec<_> = a
+        .into_per_device()
+        .into_iter()
+        .zip(b.into_per_device())
+        .collect();
     DTensor::from_parts(
         shape,
         s.output.clone(),
@@ -293,11 +301,16 @@ pub fn run3<B: Backend, K1: Kind<B>, K2: Kind<B>, K3: Kind<B>, KO: Kind<B>>(
     let b = execute::<B, K2>(b, &s.inputs[1]);
     let c = execute::<B, K3>(c, &s.inputs[2]);
     let plan = plan_for::<B, K1>(
-        &a.shards,
+        a.per_device(),
         &[&s.inputs[0], &s.inputs[1], &s.inputs[2], &s.output],
     );
-    let w = work(&a.shards);
-    let inputs: Vec<_> = a.shards.into_iter().zip(b.shards).zip(c.shards).collect();
+    let w = work(a.per_device());
+    let inputs: Vec<_> = a
+        .into_per_device()
+        .into_iter()
+        .zip(b.into_per_device())
+        .zip(c.into_per_device())
+        .collect();
     DTensor::from_parts(
         shape,
         s.output.clone(),
@@ -338,15 +351,15 @@ pub fn run_n<B: Backend, K: Kind<B>, KO: Kind<B>>(
         .zip(&s.inputs)
         .map(|(t, l)| execute::<B, K>(t, l))
         .collect();
-    let devices: Vec<B::Device> = ts[0].shards.iter().map(K::device).collect();
+    let devices: Vec<B::Device> = ts[0].per_device().iter().map(K::device).collect();
     let mut ls: Vec<&Layout> = s.inputs.iter().collect();
     ls.push(&s.output);
     let plan = dedupe_plan(&ls, &devices);
     let n = devices.len();
-    let w = work(&ts[0].shards);
+    let w = work(ts[0].per_device());
     let mut per_device: Vec<Vec<K::P>> = (0..n).map(|_| Vec::new()).collect();
     for t in ts {
-        for (i, p) in t.shards.into_iter().enumerate() {
+        for (i, p) in t.into_per_device().into_iter().enumerate() {
             per_device[i].push(p);
         }
     }
@@ -357,6 +370,59 @@ pub fn run_n<B: Backend, K: Kind<B>, KO: Kind<B>>(
             f(At::Device(s.output.mesh.global(i)), x)
         }),
     )
+}
+
+/// The batch-parallel form of the executor, for module ops (conv, pooling, interpolate,
+/// attention; see [`crate::rules::module`]) whose per-shard output shape only the inner op knows:
+/// `f(i)` runs the op for position `i` on operands the caller laid out with
+/// [`batch_parallel`](crate::rules::module::batch_parallel) (dim 0 as `x`'s, all else whole);
+/// the output is sharded on dim 0 like `x` (or replicated when `batched_out` is false), with the
+/// global batch `x.shape[0]`. Replicas compute once ([`dedupe_plan`]) and large shards run on
+/// worker threads ([`par_min`]), as for every other op.
+///
+/// **Empty shards** are handled here, once for every batch-parallel op: a device whose chunk of
+/// the batch is empty (a batch smaller than its mesh axis, or an uneven split) does not run the
+/// inner op, which backends may reject or mis-compute on an empty batch (NdArray's
+/// `deform_conv2d` divides by zero); it gets `empty(r)` of a computed shard `r`, the same
+/// per-shard output with its dim 0 cut to 0. When every shard is empty (a global batch of 0)
+/// the op runs as on one device.
+pub(crate) fn run_batch_with<B: Backend, R: TensorMetadata + Clone + Send>(
+    x: &DTensor<B::FloatTensorPrimitive>,
+    batched_out: bool,
+    empty: impl Fn(&R) -> R,
+    f: impl Fn(usize) -> R + Sync,
+) -> DTensor<R> {
+    use crate::tensor::FloatKind;
+    let s = crate::rules::module::batch_parallel(&x.layout, &[true], &[x.shape.len()], 0);
+    let xs = execute::<B, FloatKind>(x.clone(), &s.inputs[0]);
+    let xl = xs.layout.clone();
+    let plan = plan_for::<B, FloatKind>(xs.per_device(), &[&xl]);
+    let is_empty = |i: usize| x.shape.first().is_some_and(|&n| n > 0) && xs.local_shape(i)[0] == 0;
+    let positions: Vec<usize> = (0..plan.len()).collect();
+    let computed = run_each(
+        positions,
+        &plan,
+        work(xs.per_device()),
+        threads_for::<B>(),
+        |_, i| (!is_empty(i)).then(|| f(i)),
+    );
+    let some = computed
+        .iter()
+        .flatten()
+        .next()
+        .expect("a non-empty batch has a non-empty shard")
+        .clone();
+    let shards: Vec<R> = computed
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| empty(&some)))
+        .collect();
+    let mut shape = some.shape().to_vec();
+    let mut layout = Layout::replicated_on(&xl.mesh, shape.len());
+    if batched_out && !shape.is_empty() {
+        shape[0] = x.shape[0];
+        layout.dims[0] = xl.dims.first().copied().flatten();
+    }
+    DTensor::from_parts(shape, layout, shards)
 }
 
 /// Creation on a mesh: `f(device)` per distinct inner device; the result is replicated, or

@@ -11,7 +11,7 @@ use burn::tensor::ops::{
     MaxPool2dWithIndices, ModuleOps, UnfoldOptions,
 };
 
-use super::dispatch::dedupe_plan;
+use super::dispatch::run_batch_with;
 use crate::backend::DistributedBackend;
 use crate::layout::Layout;
 use crate::redistribute::execute;
@@ -26,68 +26,13 @@ fn prep<B: Backend, K: Kind<B>>(t: DTensor<K::P>, x: &Layout, batched: bool) -> 
     execute::<B, K>(t, &s.inputs[0])
 }
 
-/// Runs `f(i)` for every device `i` on operands prepared by [`prep`]; the output is sharded on dim 0 like
-/// `x` (or replicated when `batched_out` is false).
-///
-/// **Empty shards** are handled here, once for every batch-parallel module op: a device whose
-/// chunk of the batch is empty (a batch smaller than its mesh axis, or an uneven split) does
-/// not run the inner op, which backends may reject or mis-compute on an empty batch (NdArray's
-/// `deform_conv2d` divides by zero); it gets `empty(r)` of a computed shard `r`, the same
-/// per-shard output with its dim 0 cut to 0. When every shard is empty (a global batch of 0)
-/// the op runs as on one device.
-fn run_batch_with<B: Backend, R: TensorMetadata + Clone>(
-    x: &FT<B>,
-    n_shards: usize,
-    batched_out: bool,
-    empty: impl Fn(&R) -> R,
-    f: impl Fn(usize) -> R,
-) -> DTensor<R> {
-    let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-    let xl = xs.layout.clone();
-    let out_l = if batched_out {
-        (*xl).clone()
-    } else {
-        Layout::replicated_on(&xl.mesh, 0)
-    };
-    let devices = super::common::mesh_of::<B, _>(x).devices().to_vec();
-    let plan = dedupe_plan(&[&xl], &devices);
-    let is_empty = |i: usize| x.shape.first().is_some_and(|&n| n > 0) && xs.local_shape(i)[0] == 0;
-    let mut shards: Vec<Option<R>> = Vec::with_capacity(n_shards);
-    for (i, p) in plan.iter().enumerate().take(n_shards) {
-        let v = match *p {
-            Some(j) => shards[j].clone(),
-            None if is_empty(i) => None,
-            None => Some(f(i)),
-        };
-        shards.push(v);
-    }
-    let some = shards
-        .iter()
-        .flatten()
-        .next()
-        .expect("a non-empty batch has a non-empty shard")
-        .clone();
-    let shards: Vec<R> = shards
-        .into_iter()
-        .map(|s| s.unwrap_or_else(|| empty(&some)))
-        .collect();
-    let mut shape = some.shape().to_vec();
-    let mut layout = Layout::replicated_on(&xl.mesh, shape.len());
-    if batched_out && !shape.is_empty() {
-        shape[0] = x.shape[0];
-        layout.dims[0] = out_l.dims.first().copied().flatten();
-    }
-    DTensor::from_parts(shape, layout, shards)
-}
-
 /// [`run_batch_with`] for float outputs.
 fn run_batch<B: Backend>(
     x: &FT<B>,
-    n_shards: usize,
     batched_out: bool,
-    f: impl Fn(usize) -> B::FloatTensorPrimitive,
+    f: impl Fn(usize) -> B::FloatTensorPrimitive + Sync,
 ) -> FT<B> {
-    run_batch_with::<B, _>(x, n_shards, batched_out, empty_batch::<B, FloatKind>, f)
+    run_batch_with::<B, _>(x, batched_out, empty_batch::<B, FloatKind>, f)
 }
 
 /// A per-shard output of kind `K` with its dim 0 cut to 0 (see [`run_batch`]).
@@ -112,11 +57,11 @@ macro_rules! batch_op {
             let xs = prep::<B, FloatKind>(x.clone(), &xl, true);
             let w = prep::<B, FloatKind>(weight, &xl, false);
             let b = opt::<B>(bias, &xl);
-            run_batch::<B>(&x, xs.shards.len(), true, |i| {
+            run_batch::<B>(&x, true, |i| {
                 B::$name(
-                    xs.shards[i].clone(),
-                    w.shards[i].clone(),
-                    b.as_ref().map(|b| b.shards[i].clone()),
+                    xs.per_device()[i].clone(),
+                    w.per_device()[i].clone(),
+                    b.as_ref().map(|b| b.per_device()[i].clone()),
                     options.clone(),
                 )
             })
@@ -144,13 +89,13 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         let m = mask.map(|m| prep::<B, FloatKind>(m, &xl, true));
         let w = prep::<B, FloatKind>(weight, &xl, false);
         let b = opt::<B>(bias, &xl);
-        run_batch::<B>(&x, xs.shards.len(), true, |i| {
+        run_batch::<B>(&x, true, |i| {
             B::deform_conv2d(
-                xs.shards[i].clone(),
-                off.shards[i].clone(),
-                w.shards[i].clone(),
-                m.as_ref().map(|m| m.shards[i].clone()),
-                b.as_ref().map(|b| b.shards[i].clone()),
+                xs.per_device()[i].clone(),
+                off.per_device()[i].clone(),
+                w.per_device()[i].clone(),
+                m.as_ref().map(|m| m.per_device()[i].clone()),
+                b.as_ref().map(|b| b.per_device()[i].clone()),
                 options.clone(),
             )
         })
@@ -172,16 +117,16 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         let (x, offset, weight, output_grad) = (rep(x), rep(offset), rep(weight), rep(output_grad));
         let mask = mask.map(rep);
         let bias = bias.map(rep);
-        let n = x.shards.len();
+        let n = x.per_device().len();
         let outs: Vec<DeformConv2dBackward<B>> = (0..n)
             .map(|i| {
                 B::deform_conv2d_backward(
-                    x.shards[i].clone(),
-                    offset.shards[i].clone(),
-                    weight.shards[i].clone(),
-                    mask.as_ref().map(|m| m.shards[i].clone()),
-                    bias.as_ref().map(|b| b.shards[i].clone()),
-                    output_grad.shards[i].clone(),
+                    x.per_device()[i].clone(),
+                    offset.per_device()[i].clone(),
+                    weight.per_device()[i].clone(),
+                    mask.as_ref().map(|m| m.per_device()[i].clone()),
+                    bias.as_ref().map(|b| b.per_device()[i].clone()),
+                    output_grad.per_device()[i].clone(),
                     options.clone(),
                 )
             })
@@ -221,8 +166,8 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         options: UnfoldOptions,
     ) -> FloatTensor<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-        run_batch::<B>(&x, xs.shards.len(), true, |i| {
-            B::unfold4d(xs.shards[i].clone(), kernel_size, options.clone())
+        run_batch::<B>(&x, true, |i| {
+            B::unfold4d(xs.per_device()[i].clone(), kernel_size, options.clone())
         })
     }
     fn avg_pool2d(
@@ -234,8 +179,8 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         ceil: bool,
     ) -> FloatTensor<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-        run_batch::<B>(&x, xs.shards.len(), true, |i| {
-            B::avg_pool2d(xs.shards[i].clone(), k, s, p, cip, ceil)
+        run_batch::<B>(&x, true, |i| {
+            B::avg_pool2d(xs.per_device()[i].clone(), k, s, p, cip, ceil)
         })
     }
     fn avg_pool2d_backward(
@@ -249,10 +194,10 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
     ) -> FloatTensor<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
         let g = prep::<B, FloatKind>(grad, &x.layout, true);
-        run_batch::<B>(&x, xs.shards.len(), true, |i| {
+        run_batch::<B>(&x, true, |i| {
             B::avg_pool2d_backward(
-                xs.shards[i].clone(),
-                g.shards[i].clone(),
+                xs.per_device()[i].clone(),
+                g.per_device()[i].clone(),
                 k,
                 s,
                 p,
@@ -263,8 +208,8 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
     }
     fn adaptive_avg_pool2d(x: FloatTensor<Self>, output_size: [usize; 2]) -> FloatTensor<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-        run_batch::<B>(&x, xs.shards.len(), true, |i| {
-            B::adaptive_avg_pool2d(xs.shards[i].clone(), output_size)
+        run_batch::<B>(&x, true, |i| {
+            B::adaptive_avg_pool2d(xs.per_device()[i].clone(), output_size)
         })
     }
     fn adaptive_avg_pool2d_backward(
@@ -273,8 +218,8 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
     ) -> FloatTensor<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
         let g = prep::<B, FloatKind>(grad, &x.layout, true);
-        run_batch::<B>(&x, xs.shards.len(), true, |i| {
-            B::adaptive_avg_pool2d_backward(xs.shards[i].clone(), g.shards[i].clone())
+        run_batch::<B>(&x, true, |i| {
+            B::adaptive_avg_pool2d_backward(xs.per_device()[i].clone(), g.per_device()[i].clone())
         })
     }
     fn max_pool2d(
@@ -286,8 +231,8 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         ceil: bool,
     ) -> FloatTensor<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-        run_batch::<B>(&x, xs.shards.len(), true, |i| {
-            B::max_pool2d(xs.shards[i].clone(), k, s, p, d, ceil)
+        run_batch::<B>(&x, true, |i| {
+            B::max_pool2d(xs.per_device()[i].clone(), k, s, p, d, ceil)
         })
     }
     fn max_pool2d_with_indices(
@@ -305,12 +250,16 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
                 empty_batch::<B, IntKind>(&p.1),
             )
         };
-        let both = run_batch_with::<B, _>(&x, xs.shards.len(), true, empty, |i| {
-            let r = B::max_pool2d_with_indices(xs.shards[i].clone(), k, s, p, d, ceil);
+        let both = run_batch_with::<B, _>(&x, true, empty, |i| {
+            let r = B::max_pool2d_with_indices(xs.per_device()[i].clone(), k, s, p, d, ceil);
             Pair(r.output, r.indices)
         });
         let (shape, layout) = (both.shape.clone(), both.layout.clone());
-        let (o, ix): (Vec<_>, Vec<_>) = both.shards.into_iter().map(|Pair(a, b)| (a, b)).unzip();
+        let (o, ix): (Vec<_>, Vec<_>) = both
+            .into_per_device()
+            .into_iter()
+            .map(|Pair(a, b)| (a, b))
+            .unzip();
         MaxPool2dWithIndices::new(
             DTensor::from_parts(shape.clone(), layout.clone(), o),
             DTensor::from_parts(shape, layout, ix),
@@ -329,16 +278,16 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
         let g = prep::<B, FloatKind>(output_grad, &x.layout, true);
         let ix = prep::<B, IntKind>(indices, &x.layout, true);
-        MaxPool2dBackward::new(run_batch::<B>(&x, xs.shards.len(), true, |i| {
+        MaxPool2dBackward::new(run_batch::<B>(&x, true, |i| {
             B::max_pool2d_with_indices_backward(
-                xs.shards[i].clone(),
+                xs.per_device()[i].clone(),
                 k,
                 s,
                 p,
                 d,
                 ceil,
-                g.shards[i].clone(),
-                ix.shards[i].clone(),
+                g.per_device()[i].clone(),
+                ix.per_device()[i].clone(),
             )
             .x_grad
         }))
@@ -349,8 +298,8 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         options: InterpolateOptions,
     ) -> FloatTensor<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-        run_batch::<B>(&x, xs.shards.len(), true, |i| {
-            B::interpolate(xs.shards[i].clone(), output_size, options.clone())
+        run_batch::<B>(&x, true, |i| {
+            B::interpolate(xs.per_device()[i].clone(), output_size, options.clone())
         })
     }
     fn interpolate_backward(
@@ -361,10 +310,10 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
     ) -> FloatTensor<Self> {
         let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
         let g = prep::<B, FloatKind>(grad, &x.layout, true);
-        run_batch::<B>(&x, xs.shards.len(), true, |i| {
+        run_batch::<B>(&x, true, |i| {
             B::interpolate_backward(
-                xs.shards[i].clone(),
-                g.shards[i].clone(),
+                xs.per_device()[i].clone(),
+                g.per_device()[i].clone(),
                 output_size,
                 options.clone(),
             )
@@ -393,13 +342,13 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
             let b = t.shape[0] == n;
             prep::<B, FloatKind>(t, &ql, b)
         });
-        run_batch::<B>(&query, q.shards.len(), true, |i| {
+        run_batch::<B>(&query, true, |i| {
             B::attention(
-                q.shards[i].clone(),
-                k.shards[i].clone(),
-                v.shards[i].clone(),
-                m.as_ref().map(|m| m.shards[i].clone()),
-                bias.as_ref().map(|b| b.shards[i].clone()),
+                q.per_device()[i].clone(),
+                k.per_device()[i].clone(),
+                v.per_device()[i].clone(),
+                m.as_ref().map(|m| m.per_device()[i].clone()),
+                bias.as_ref().map(|b| b.per_device()[i].clone()),
                 options,
             )
         })
@@ -413,12 +362,12 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         let x = execute::<B, FloatKind>(signal, &l);
         let mut re = Vec::new();
         let mut im = Vec::new();
-        for s in x.shards {
+        let mut shape = x.shape.clone();
+        for s in x.into_per_device() {
             let (a, b) = B::rfft(s, dim, n);
             re.push(a);
             im.push(b);
         }
-        let mut shape = x.shape.clone();
         shape[dim] = re[0].shape()[dim];
         (
             DTensor::from_parts(shape.clone(), l.clone(), re),
@@ -434,13 +383,13 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         let l = crate::rules::unsharded_on(&re.layout, &[dim]);
         let a = execute::<B, FloatKind>(re, &l);
         let b = execute::<B, FloatKind>(im, &l);
+        let mut shape = a.shape.clone();
         let out: Vec<_> = a
-            .shards
+            .into_per_device()
             .into_iter()
-            .zip(b.shards)
+            .zip(b.into_per_device())
             .map(|(x, y)| B::irfft(x, y, dim, n))
             .collect();
-        let mut shape = a.shape.clone();
         shape[dim] = out[0].shape()[dim];
         DTensor::from_parts(shape, l, out)
     }

@@ -23,10 +23,10 @@ pub type QTensor<B> = DTensor<<B as BackendTypes>::QuantizedTensorPrimitive>;
 /// whose type Burn does not re-export, keeps the trait's default `F32`, as every 0.21 backend).
 impl<P: QTensorPrimitive> QTensorPrimitive for DTensor<P> {
     fn scheme(&self) -> &QuantScheme {
-        self.shards[0].scheme()
+        self.per_device()[0].scheme()
     }
     fn propagation(&self) -> burn::tensor::quantization::QuantPropagation {
-        self.shards[0].propagation()
+        self.per_device()[0].propagation()
     }
     fn default_scheme() -> QuantScheme {
         P::default_scheme()
@@ -38,10 +38,11 @@ fn qmap<B: Backend, R: TensorMetadata + Clone>(
     t: QTensor<B>,
     f: impl Fn(B::QuantizedTensorPrimitive) -> R,
 ) -> DTensor<R> {
-    let devices: Vec<B::Device> = t.shards.iter().map(B::q_device).collect();
+    let devices: Vec<B::Device> = t.per_device().iter().map(B::q_device).collect();
     let plan = dedupe_plan(&[&t.layout], &devices);
+    let mesh = t.layout.mesh.clone();
     let mut out: Vec<R> = Vec::with_capacity(devices.len());
-    for (i, s) in t.shards.into_iter().enumerate() {
+    for (i, s) in t.into_per_device().into_iter().enumerate() {
         let v = match plan[i] {
             Some(j) => out[j].clone(),
             None => f(s),
@@ -50,7 +51,7 @@ fn qmap<B: Backend, R: TensorMetadata + Clone>(
     }
     common::fix_replicated(DTensor::from_parts(
         vec![],
-        Layout::replicated_on(&t.layout.mesh, 0),
+        Layout::replicated_on(&mesh, 0),
         out,
     ))
 }
@@ -83,17 +84,15 @@ impl<B: Backend> QTensorOps<Self> for DistributedBackend<B> {
         let t = replicated::<B>(t);
         let scales = replicated::<B>(qparams.scales);
         let mesh = t.layout.mesh.clone();
+        let shape = t.shape.clone();
         let shards: Vec<_> = t
-            .shards
+            .into_per_device()
             .into_iter()
-            .zip(scales.shards)
+            .zip(scales.into_per_device())
             .map(|(x, s)| B::quantize(x, scheme, QuantizationParametersPrimitive { scales: s }))
             .collect();
-        DTensor::from_parts(
-            t.shape.clone(),
-            Layout::replicated_on(&mesh, t.shape.len()),
-            shards,
-        )
+        let rank = shape.len();
+        DTensor::from_parts(shape, Layout::replicated_on(&mesh, rank), shards)
     }
     fn dequantize(t: QuantizedTensor<Self>, dtype: FloatDType) -> FloatTensor<Self> {
         qmap::<B, _>(t, |x| B::dequantize(x, dtype))
@@ -105,7 +104,7 @@ impl<B: Backend> QTensorOps<Self> for DistributedBackend<B> {
         if t.layout.mesh.id == device.mesh.id() {
             return t;
         }
-        let data = burn::tensor::read_sync(B::q_into_data(t.shards[0].clone()))
+        let data = burn::tensor::read_sync(B::q_into_data(t.per_device()[0].clone()))
             .expect("reading a quantized shard");
         Self::q_from_data(data, device)
     }
@@ -115,7 +114,7 @@ impl<B: Backend> QTensorOps<Self> for DistributedBackend<B> {
     async fn q_into_data(
         t: QuantizedTensor<Self>,
     ) -> Result<TensorData, burn::tensor::backend::ExecutionError> {
-        B::q_into_data(t.shards[0].clone()).await
+        B::q_into_data(t.per_device()[0].clone()).await
     }
     fn q_expand(t: QuantizedTensor<Self>, shape: Shape) -> QuantizedTensor<Self> {
         qmap::<B, _>(t, |x| B::q_expand(x, shape.clone()))
@@ -137,9 +136,9 @@ impl<B: Backend> QTensorOps<Self> for DistributedBackend<B> {
         let l = Layout::replicated_on(&idx.layout.mesh, 1);
         let idx = execute::<B, IntKind>(idx, &l);
         let shards: Vec<_> = t
-            .shards
+            .into_per_device()
             .into_iter()
-            .zip(idx.shards)
+            .zip(idx.into_per_device())
             .map(|(x, i)| B::q_select(x, dim, i))
             .collect();
         common::fix_replicated(DTensor::from_parts(

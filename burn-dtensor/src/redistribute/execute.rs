@@ -8,7 +8,7 @@ use crate::collective;
 use crate::error::Result;
 use crate::layout::{Layout, ReduceOp};
 use crate::stack;
-use crate::tensor::{DTensor, Kind};
+use crate::tensor::{DTensor, Kind, Shards};
 
 /// Relayouts `t` to `to`, running the collectives the two layouts imply.
 ///
@@ -29,7 +29,7 @@ pub fn redistribute<B: Backend, K: Kind<B>>(
         return Ok(t);
     }
     let steps = plan(&t.layout, to)?;
-    let t = if t.stacked && !stack::stackable(to, &t.shape) {
+    let t = if t.is_stacked() && !stack::stackable(to, &t.shape) {
         stack::to_per_device::<B, K>(t)
     } else {
         t
@@ -67,23 +67,19 @@ pub fn execute<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout) -> DTensor
 /// is stacked first and relaid out on the stack; one whose layout is not is relaid out per device,
 /// then stacked.
 pub fn execute_stacked<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout) -> K::P {
-    let t = if !t.stacked && stack::stackable(&t.layout, &t.shape) {
+    let t = if !t.is_stacked() && stack::stackable(&t.layout, &t.shape) {
         stack::to_stacked::<B, K>(t)
     } else {
         t
     };
     let r = redistribute::<B, K>(t, to).unwrap_or_else(|e| panic!("burn-dtensor: {e}"));
-    stack::to_stacked::<B, K>(r)
-        .materialized()
-        .shards
-        .pop()
-        .expect("a stacked primitive")
+    stack::to_stacked::<B, K>(r).into_stack()
 }
 
 fn run<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout, steps: &[Step]) -> DTensor<K::P> {
     // Deferred shards (see `Deferred`) settled in full: the all-reduces are recorded and the
     // reduced value taken; any other relayout computes the shards first.
-    if let Some(d) = &t.deferred
+    if let Shards::Deferred(d) = &t.shards
         && *to == t.layout.without_partial()
         && steps.iter().all(|s| matches!(s, Step::AllReduce { .. }))
     {
@@ -95,17 +91,12 @@ fn run<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout, steps: &[Step]) ->
         }
         return stack::output(t.shape.clone(), to.clone(), d.reduced.clone());
     }
-    let t = t.materialized();
-    if t.stacked {
+    if t.is_stacked() {
         return run_stacked::<B, K>(t, to, steps);
     }
-    let DTensor {
-        shape,
-        layout,
-        mut shards,
-        ..
-    } = t;
-    let topo = layout.mesh.clone();
+    let topo = t.layout.mesh.clone();
+    let shape = t.shape.clone();
+    let mut shards = t.into_per_device();
     for step in steps {
         match *step {
             Step::AllReduce { axis, op } => {
@@ -143,14 +134,9 @@ fn run_stacked<B: Backend, K: Kind<B>>(
     steps: &[Step],
 ) -> DTensor<K::P> {
     use collective::stacked as c;
-    let DTensor {
-        shape,
-        layout,
-        mut shards,
-        ..
-    } = t;
-    let topo = layout.mesh.clone();
-    let mut x = shards.pop().expect("a stacked primitive");
+    let topo = t.layout.mesh.clone();
+    let shape = t.shape.clone();
+    let mut x = t.into_stack();
     for step in steps {
         x = match *step {
             Step::AllReduce { axis, op } => c::all_reduce::<B, K>(x, &topo, axis, op, &shape),
