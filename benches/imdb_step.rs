@@ -12,38 +12,21 @@
 use burn::backend::{Flex, NdArray};
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::optim::SgdConfig;
+use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
 use burn_dtensor::{DTensorExt, LayoutMap};
 use criterion::{Criterion, criterion_group, criterion_main};
 use dtensor_imdb::model::{ImdbMlp, LossReduction};
 use dtensor_imdb::train::{Distributed, Mode, Placement, Single, step};
 
+#[path = "common/mod.rs"]
+mod common;
+use common::batch;
+
 /// mimalloc rather than glibc's malloc: glibc returns the buffers freed at the end of a step to
 /// the OS and page-faults them back in on the next (measured in NOTES.md).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-fn batch(n: usize, width: usize, seed: u64) -> (TensorData, TensorData) {
-    let mut s = seed;
-    let mut next = || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
-    let x: Vec<f32> = (0..n * width)
-        .map(|_| {
-            if next() % 10 == 0 {
-                (next() % 1000) as f32 / 500.0
-            } else {
-                0.0
-            }
-        })
-        .collect();
-    let y: Vec<i64> = (0..n).map(|_| (next() % 2) as i64).collect();
-    (TensorData::new(x, [n, width]), TensorData::new(y, [n]))
-}
 
 fn distributed<I: Backend>(mode: Mode) -> Distributed<I> {
     distributed_on::<I>(mode, Default::default())

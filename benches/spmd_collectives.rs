@@ -17,13 +17,15 @@
 //! (every process must run the same collectives: criterion's adaptive sampling would not), the
 //! median of the repetitions. Figures in NOTES.md.
 
-use std::process::Command;
 use std::time::Instant;
 
 use burn::backend::NdArray;
 use burn::tensor::{DType, Tensor, TensorData};
 use burn_dtensor::spmd::{self, Reduction};
 use burn_dtensor::{DTensorExt, DistributedBackend, Layout, Mesh, ReduceOp, distribute};
+
+#[path = "common/mod.rs"]
+mod common;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -73,7 +75,7 @@ fn worker() {
         );
     }
     // `cargo test --all-targets` runs this binary without `--bench`: one small size, a smoke test.
-    let sides: &[usize] = if std::env::var_os("SPMD_BENCH_SMOKE").is_some() {
+    let sides: &[usize] = if common::smoke() {
         &[64]
     } else {
         &[64, 256, 1024, 2048]
@@ -166,27 +168,5 @@ fn main() {
     }
     // `cargo test --all-targets` runs this binary without `--bench`: 2 processes, one small
     // size, a smoke test.
-    let smoke = !std::env::args().any(|a| a == "--bench");
-    let exe = std::env::current_exe().unwrap();
-    for np in if smoke { vec![2] } else { vec![2, 4] } {
-        let mut c = Command::new("mpirun");
-        c.args([
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-np",
-            &np.to_string(),
-        ])
-        .arg(&exe);
-        if smoke {
-            c.env("SPMD_BENCH_SMOKE", "1");
-        }
-        match c.status() {
-            Ok(s) if s.success() => {}
-            Ok(s) => panic!("mpirun -np {np} failed: {s}"),
-            Err(e) => {
-                println!("skipped: no mpirun ({e})");
-                return;
-            }
-        }
-    }
+    common::under_mpirun(&[2, 4]);
 }

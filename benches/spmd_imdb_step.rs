@@ -8,40 +8,21 @@
 //! same fixed number of steps (criterion's adaptive sampling would desynchronise the ranks).
 //! Machines with fewer cores than processes measure overhead, not scaling. Figures in NOTES.md.
 
-use std::process::Command;
 use std::time::Instant;
 
 use burn::backend::NdArray;
 use burn::optim::SgdConfig;
-use burn::tensor::TensorData;
 use burn_dtensor::LayoutMap;
 use burn_dtensor::spmd::{self, Reduction};
 use dtensor_imdb::model::{ImdbMlp, LossReduction};
 use dtensor_imdb::train::{Distributed, Mode, Placement, step};
 
+#[path = "common/mod.rs"]
+mod common;
+use common::batch;
+
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-fn batch(n: usize, width: usize, seed: u64) -> (TensorData, TensorData) {
-    let mut s = seed;
-    let mut next = || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
-    let x: Vec<f32> = (0..n * width)
-        .map(|_| {
-            if next() % 10 == 0 {
-                (next() % 1000) as f32 / 500.0
-            } else {
-                0.0
-            }
-        })
-        .collect();
-    let y: Vec<i64> = (0..n).map(|_| (next() % 2) as i64).collect();
-    (TensorData::new(x, [n, width]), TensorData::new(y, [n]))
-}
 
 /// Median step time (ms) of `mode` on this world.
 fn median_step(mode: Mode, stacked: bool, steps: usize) -> f64 {
@@ -109,39 +90,14 @@ fn run_all(steps: usize) {
 fn main() {
     // `cargo test --all-targets` runs this binary without `--bench`: 2 timed steps, 1 and 2
     // processes, a smoke test.
-    let smoke = std::env::var_os("SPMD_BENCH_SMOKE").is_some()
-        || (spmd::launch_env().is_none() && !std::env::args().any(|a| a == "--bench"));
-    let steps = if smoke { 2 } else { 100 };
+    let steps = if common::smoke() { 2 } else { 100 };
+    run_all(steps);
     if spmd::launch_env().is_some_and(|(_, n)| n > 1) {
-        run_all(steps);
         return;
     }
-    run_all(steps);
     if !cfg!(feature = "mpi") {
         println!("skipped the multi-process runs: build with `--features mpi`");
         return;
     }
-    let exe = std::env::current_exe().unwrap();
-    for np in if smoke { vec![2] } else { vec![2, 4, 8] } {
-        let mut c = Command::new("mpirun");
-        c.args([
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-np",
-            &np.to_string(),
-        ])
-        .arg(&exe);
-        if smoke {
-            c.env("SPMD_BENCH_SMOKE", "1");
-        }
-        let status = c.status();
-        match status {
-            Ok(s) if s.success() => {}
-            Ok(s) => panic!("mpirun -np {np} failed: {s}"),
-            Err(e) => {
-                println!("skipped: no mpirun ({e})");
-                return;
-            }
-        }
-    }
+    common::under_mpirun(&[2, 4, 8]);
 }

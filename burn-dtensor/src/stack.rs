@@ -118,8 +118,14 @@ pub const MAX_STACKED_RANK: usize = 6;
 /// the stacked rank is at most [`MAX_STACKED_RANK`], every sharded dim splits evenly, no dim is
 /// empty and no axis both shards a dim and has a pending reduction.
 pub fn stackable(layout: &Layout, shape: &[usize]) -> bool {
-    layout.mesh.stacked
-        && layout.mesh.ndim() + shape.len() <= MAX_STACKED_RANK
+    layout.mesh.stacked && stackable_shape(layout, shape)
+}
+
+/// [`stackable`] but for the mesh's own switch: whether a tensor of this shape and layout could
+/// be held stacked were the whole mesh one process's virtual devices. A multi-process mesh uses
+/// it to take the decisions one process would take (see `ops::common::matmul`).
+pub fn stackable_shape(layout: &Layout, shape: &[usize]) -> bool {
+    layout.mesh.ndim() + shape.len() <= MAX_STACKED_RANK
         && shape.iter().all(|&n| n > 0)
         && shard::is_even(layout, shape)
         && layout

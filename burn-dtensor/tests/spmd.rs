@@ -289,6 +289,63 @@ fn process_local_input_across_processes() {
     done(name);
 }
 
+/// A matmul contracting over a dim sharded across processes on both operands (a data-parallel
+/// weight gradient `x^T @ g`): with the ordered reduction each process gathers the contracting
+/// dim of both operands and computes the whole matmul, bitwise NdArray's on the whole tensors
+/// (what one process holding the mesh stacked computes), the output settled and the
+/// collectives all-gathers; with the engine reduction it stays a partial sum, reduced by the
+/// engine (equal to float tolerance). Shapes where the partial products outnumber the operands
+/// (`[12, 8] @ [8, 10]` over 2 or 4 batch shards), as the one-process rule requires.
+#[test]
+fn contraction_across_processes() {
+    let name = "contraction_across_processes";
+    if !is_worker() {
+        for np in [2, 4] {
+            if !launch(name, np) {
+                return;
+            }
+        }
+        return;
+    }
+    let dev = Default::default();
+    // Values whose sums round (not multiples of a power of two), so that a different summation
+    // order would show in the bits.
+    let wavy = |shape: [usize; 2], seed: f32| {
+        let v: Vec<f32> = (0..shape[0] * shape[1])
+            .map(|i| (i as f32 * 0.37 + seed).sin() * 1.3)
+            .collect();
+        TensorData::new(v, shape)
+    };
+    let (a, b) = (wavy([8, 12], 0.3), wavy([8, 10], 1.7));
+    let want = Tensor::<N, 2>::from_data(a.clone(), &dev)
+        .transpose()
+        .matmul(Tensor::<N, 2>::from_data(b.clone(), &dev))
+        .into_data();
+    for m in meshes() {
+        let first = m.topology().axes()[0].0.clone();
+        let batch = Layout::new(&m, [first.as_str(), UNSHARDED]).unwrap();
+        let x: Tensor<DB, 2> = distribute(a.clone(), &batch).unwrap();
+        let g: Tensor<DB, 2> = distribute(b.clone(), &batch).unwrap();
+        spmd::set_reduction(spmd::Reduction::Ordered);
+        let (y, log) = burn_dtensor::record_comms(|| x.clone().transpose().matmul(g.clone()));
+        assert!(!y.layout().is_partial(), "{m}: {}", y.layout());
+        assert!(
+            log.events
+                .iter()
+                .all(|e| e.kind == burn_dtensor::CollectiveKind::AllGather),
+            "{m}: {log:?}"
+        );
+        assert_eq!(y.into_data(), want, "{m}: ordered, bitwise");
+        spmd::set_reduction(spmd::Reduction::Engine);
+        let y = x.transpose().matmul(g);
+        assert!(y.layout().is_partial(), "{m}: {}", y.layout());
+        y.into_data()
+            .assert_approx_eq::<f32>(&want, burn::tensor::Tolerance::rel_abs(1e-5, 1e-6));
+        spmd::set_reduction(spmd::Reduction::Ordered);
+    }
+    done(name);
+}
+
 /// Gradients of `sum(relu(x @ w) * y)` with `x` batch-sharded and `w` sharded on either dim,
 /// against `Autodiff<NdArray>`.
 #[test]

@@ -61,6 +61,22 @@ fn set_group<B: Backend, K: Kind<B>>(shards: &mut [K::P], group: &[usize], value
     }
 }
 
+/// The shards of `group`, on its first member's device (those already there as they are).
+fn on_first_device<B: Backend, K: Kind<B>>(shards: &[K::P], group: &[usize]) -> Vec<K::P> {
+    let dev0 = K::device(&shards[group[0]]);
+    group
+        .iter()
+        .map(|&i| {
+            let x = shards[i].clone();
+            if K::device(&x) == dev0 {
+                x
+            } else {
+                K::to_device(x, &dev0)
+            }
+        })
+        .collect()
+}
+
 /// Element-wise reduction of a group's shards onto its first member's device: `k - 1` inner ops,
 /// as a chain, or, when the shards are large enough for worker threads (CPU backends, see
 /// [`threads_for`] and [`par_min`]), as a pairwise tree whose pairs of a level run in parallel.
@@ -74,18 +90,7 @@ fn reduce_group<B: Backend, K: Kind<B>>(
     engines: &LocalEngines,
 ) -> K::P {
     use rayon::prelude::*;
-    let dev0 = K::device(&shards[group[0]]);
-    let mut level: Vec<K::P> = group
-        .iter()
-        .map(|&i| {
-            let x = shards[i].clone();
-            if K::device(&x) == dev0 {
-                x
-            } else {
-                K::to_device(x, &dev0)
-            }
-        })
-        .collect();
+    let mut level = on_first_device::<B, K>(shards, group);
     if level.len() > 1
         && let Some(r) = engines.reduce(&level, op)
     {
@@ -245,18 +250,7 @@ fn gather_group<B: Backend, K: Kind<B>>(
     dim: usize,
     engines: &LocalEngines,
 ) -> K::P {
-    let dev0 = K::device(&shards[group[0]]);
-    let parts = group
-        .iter()
-        .map(|&i| {
-            let x = shards[i].clone();
-            if K::device(&x) == dev0 {
-                x
-            } else {
-                K::to_device(x, &dev0)
-            }
-        })
-        .collect::<Vec<_>>();
+    let parts = on_first_device::<B, K>(shards, group);
     cat_parts::<B, K>(parts, dim, engines)
 }
 

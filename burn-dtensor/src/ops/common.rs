@@ -266,6 +266,28 @@ where
     };
     let elements =
         |l: &Layout, shape: &[usize]| stack::stack_shape(l, shape).iter().product::<usize>();
+    // Across processes, with the ordered reduction: where one process holding the whole mesh as
+    // virtual devices would contract the stacked operands in one matmul (the branch below), the
+    // contracting dim is gathered on both operands and the whole contraction computed once per
+    // process: the one-process run's arithmetic, bitwise, and fewer bytes than gathering every
+    // partial product (the products outnumber the operands: `stack::contracts`).
+    if s.output.is_partial()
+        && lhs.layout.mesh.multi
+        && crate::spmd::reduction() == crate::spmd::Reduction::Ordered
+        && dispatch::would_hold_stacked::<B>(&s.output, &shape)
+        && dispatch::would_hold_stacked::<B>(&s.inputs[0], &lhs.shape)
+        && dispatch::would_hold_stacked::<B>(&s.inputs[1], &rhs.shape)
+        && stack::contracts(
+            elements(&s.output, &shape),
+            elements(&s.inputs[0], &lhs.shape),
+            elements(&s.inputs[1], &rhs.shape),
+        )
+    {
+        let g = rules::matmul::gathered_contraction(&s);
+        return run2_weighted::<B, K, K, K>(lhs, rhs, &g, shape, false, weigh, move |_, x, y| {
+            f(x, y)
+        });
+    }
     if s.output.is_partial()
         && dispatch::stacks::<B>(
             true,

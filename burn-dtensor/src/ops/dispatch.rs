@@ -184,6 +184,13 @@ pub(crate) fn holds_stacked<B>(layout: &Layout, shape: &[usize]) -> bool {
         && (!threads_for::<B>() || stack::shard_elements(layout, shape) < par_min())
 }
 
+/// [`holds_stacked`] as if the mesh were one process's virtual devices (see
+/// [`stack::stackable_shape`]).
+pub(crate) fn would_hold_stacked<B>(layout: &Layout, shape: &[usize]) -> bool {
+    stack::stackable_shape(layout, shape)
+        && (!threads_for::<B>() || stack::shard_elements(layout, shape) < par_min())
+}
+
 /// One input. `f` receives where it runs ([`At`]); `stack` says whether it is correct on a
 /// stacked primitive (dims offset by [`At::off`], shapes from [`At::shape`]).
 pub fn run1<B: Backend, K1: Kind<B>, KO: Kind<B>>(

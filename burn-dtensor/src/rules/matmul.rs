@@ -59,3 +59,19 @@ pub fn matmul(lhs: &Layout, ls: &[usize], rhs: &Layout, rs: &[usize]) -> Strateg
         output: out,
     }
 }
+
+/// The whole-contraction form of a partial matmul strategy `s`: the contracting dim gathered on
+/// both operands (each keeps its other dims' sharding) and the output settled (`s.output`
+/// without its pending sums). What a multi-process mesh runs where one process would contract
+/// the stacked operands in one matmul (see `ops::common::matmul`).
+pub fn gathered_contraction(s: &Strategy) -> Strategy {
+    let mut lhs = s.inputs[0].clone();
+    let mut rhs = s.inputs[1].clone();
+    let r = lhs.rank();
+    lhs.dims[r - 1] = None;
+    rhs.dims[r - 2] = None;
+    Strategy {
+        inputs: vec![lhs, rhs],
+        output: s.output.without_partial(),
+    }
+}

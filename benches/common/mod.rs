@@ -1,0 +1,66 @@
+//! Helpers shared by the benches (each bench uses a part: `#[path]`-included, so the unused
+//! rest is allowed).
+#![allow(dead_code)]
+
+use burn::tensor::TensorData;
+
+/// A synthetic IMDB-like batch: `n` rows of `width` TF-IDF-like features (about 10% non-zero,
+/// values in [0, 2)) and `n` binary labels, from a xorshift generator seeded with `seed`.
+pub fn batch(n: usize, width: usize, seed: u64) -> (TensorData, TensorData) {
+    let mut s = seed;
+    let mut next = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let x: Vec<f32> = (0..n * width)
+        .map(|_| {
+            if next() % 10 == 0 {
+                (next() % 1000) as f32 / 500.0
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let y: Vec<i64> = (0..n).map(|_| (next() % 2) as i64).collect();
+    (TensorData::new(x, [n, width]), TensorData::new(y, [n]))
+}
+
+/// Whether this run is a smoke test: `cargo test --all-targets` runs a `harness = false` bench
+/// without `--bench` (the launcher passes the choice on to its ranks in `SPMD_BENCH_SMOKE`).
+pub fn smoke() -> bool {
+    std::env::var_os("SPMD_BENCH_SMOKE").is_some()
+        || (burn_dtensor::spmd::launch_env().is_none() && !std::env::args().any(|a| a == "--bench"))
+}
+
+/// Runs this bench binary as `np` MPI processes for each `np` of `counts` (2 only in a smoke
+/// run); says so and returns when there is no `mpirun`.
+///
+/// # Panics
+/// When a run fails.
+pub fn under_mpirun(counts: &[usize]) {
+    let exe = std::env::current_exe().unwrap();
+    let smoke = smoke();
+    for &np in if smoke { &[2][..] } else { counts } {
+        let mut c = std::process::Command::new("mpirun");
+        c.args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            &np.to_string(),
+        ])
+        .arg(&exe);
+        if smoke {
+            c.env("SPMD_BENCH_SMOKE", "1");
+        }
+        match c.status() {
+            Ok(s) if s.success() => {}
+            Ok(s) => panic!("mpirun -np {np} failed: {s}"),
+            Err(e) => {
+                println!("skipped: no mpirun ({e})");
+                return;
+            }
+        }
+    }
+}
