@@ -202,7 +202,7 @@ pub fn init() -> Result<&'static World> {
     WORLD
         .get_or_init(|| {
             let group = match launch_env() {
-                Some((_, size)) if size > 1 => Some(engine()?),
+                Some((rank, size)) if size > 1 => Some(start_watched(rank, size)?),
                 _ => None,
             };
             let me = Peer {
@@ -217,6 +217,41 @@ pub fn init() -> Result<&'static World> {
         })
         .as_ref()
         .map_err(Clone::clone)
+}
+
+/// The engine's start-up under the collective timeout. Joining the world (`MPI_Init`) waits for
+/// every process of it, so a process that never joins (not started, stuck or dead before
+/// joining; one that dies, `mpirun` reports at once) would hold the others forever: past
+/// [`collective_timeout`] this process prints which rank it is, the world size and what it was
+/// waiting for, and exits with [`TIMEOUT_EXIT_CODE`].
+fn start_watched(rank: usize, size: usize) -> Result<Arc<dyn ProcessGroup>> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let done = Arc::new(AtomicBool::new(false));
+    let seen = done.clone();
+    let timeout = collective_timeout();
+    std::thread::spawn(move || {
+        let start = std::time::Instant::now();
+        while start.elapsed() < timeout {
+            if seen.load(Ordering::Acquire) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if !seen.load(Ordering::Acquire) {
+            eprintln!(
+                "burn-dtensor: rank {rank} of {size}: the SPMD world did not start within {:.1} s \
+                 (joining waits for every process): at least one of the {size} processes never \
+                 joined (not started, stuck, or dead before joining); raise \
+                 BURN_DTENSOR_COLLECTIVE_TIMEOUT_S if start-up is slow",
+                timeout.as_secs_f64()
+            );
+            // SAFETY: ends the process without running exit handlers (MPI is not usable).
+            unsafe { libc::_exit(TIMEOUT_EXIT_CODE) };
+        }
+    });
+    let group = engine();
+    done.store(true, Ordering::Release);
+    group
 }
 
 #[cfg(feature = "mpi")]

@@ -486,7 +486,8 @@ fn launch_failing(name: &str, np: usize, env: &[(&str, &str)]) -> (i32, String, 
 
 /// A rank that stops answering (SIGSTOP) mid-step ends the others within the collective timeout
 /// with an error naming it and the collective; a rank that dies (SIGKILL) makes `mpirun` end
-/// the job at once, naming it. Neither hangs.
+/// the job at once, naming it; a rank that never joins ends the others within the timeout, each
+/// naming itself and the start-up. None hangs.
 #[test]
 fn a_stopped_or_killed_rank_ends_the_job_naming_it() {
     let name = "a_stopped_or_killed_rank_ends_the_job_naming_it";
@@ -524,7 +525,28 @@ fn a_stopped_or_killed_rank_ends_the_job_naming_it() {
         assert_ne!(code, 0, "{text}");
         assert!(text.contains("rank 1"), "{text}");
         assert!(secs < 30.0, "took {secs} s (the timeout is 30 s):\n{text}");
+        let (code, text, secs) = launch_failing(
+            name,
+            2,
+            &[
+                ("SPMD_FAULT", "never-join"),
+                ("BURN_DTENSOR_COLLECTIVE_TIMEOUT_S", "3"),
+            ],
+        );
+        println!("rank that never joins: exit {code} after {secs:.1} s");
+        assert_ne!(code, 0, "{text}");
+        assert!(
+            text.contains("rank 0 of 2: the SPMD world did not start within 3.0 s"),
+            "{text}"
+        );
+        assert!(secs < 60.0, "took {secs} s:\n{text}");
         return;
+    }
+    // Rank 1 sleeps past the test's time before joining.
+    if std::env::var("SPMD_FAULT").as_deref() == Ok("never-join")
+        && spmd::launch_env().is_some_and(|(r, _)| r == 1)
+    {
+        std::thread::sleep(std::time::Duration::from_secs(110));
     }
     let w = spmd::init().unwrap();
     let m = Mesh::spmd([("a", 2)], vec![Dev::default()]).unwrap();
