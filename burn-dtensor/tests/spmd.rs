@@ -62,6 +62,20 @@ fn launch(name: &str, np: usize) -> bool {
     true
 }
 
+/// On the launching side (not a worker): runs `name` as each process count of `counts` in
+/// turn (stopping at the first skip) and returns `true`; in a worker, `false`.
+fn launched(name: &str, counts: &[usize]) -> bool {
+    if is_worker() {
+        return false;
+    }
+    for &np in counts {
+        if !launch(name, np) {
+            break;
+        }
+    }
+    true
+}
+
 fn is_worker() -> bool {
     std::env::var_os("BURN_DTENSOR_SPMD_WORKER").is_some()
 }
@@ -176,12 +190,7 @@ fn check(what: &str, got: Tensor<DB, 2>, want: Tensor<N, 2>) {
 #[test]
 fn ops_and_relayouts_across_processes() {
     let name = "ops_and_relayouts_across_processes";
-    if !is_worker() {
-        for np in [2, 4] {
-            if !launch(name, np) {
-                return;
-            }
-        }
+    if launched(name, &[2, 4]) {
         return;
     }
     let dev = Default::default();
@@ -245,12 +254,7 @@ fn ops_and_relayouts_across_processes() {
 #[test]
 fn process_local_input_across_processes() {
     let name = "process_local_input_across_processes";
-    if !is_worker() {
-        for np in [2, 4] {
-            if !launch(name, np) {
-                return;
-            }
-        }
+    if launched(name, &[2, 4]) {
         return;
     }
     let dev = Default::default();
@@ -299,12 +303,7 @@ fn process_local_input_across_processes() {
 #[test]
 fn contraction_across_processes() {
     let name = "contraction_across_processes";
-    if !is_worker() {
-        for np in [2, 4] {
-            if !launch(name, np) {
-                return;
-            }
-        }
+    if launched(name, &[2, 4]) {
         return;
     }
     let dev = Default::default();
@@ -351,12 +350,7 @@ fn contraction_across_processes() {
 #[test]
 fn gradients_across_processes() {
     let name = "gradients_across_processes";
-    if !is_worker() {
-        for np in [2, 4] {
-            if !launch(name, np) {
-                return;
-            }
-        }
+    if launched(name, &[2, 4]) {
         return;
     }
     type AD = Autodiff<DB>;

@@ -266,40 +266,33 @@ where
     };
     let elements =
         |l: &Layout, shape: &[usize]| stack::stack_shape(l, shape).iter().product::<usize>();
-    // Across processes, with the ordered reduction: where one process holding the whole mesh as
-    // virtual devices would contract the stacked operands in one matmul (the branch below), the
-    // contracting dim is gathered on both operands and the whole contraction computed once per
-    // process: the one-process run's arithmetic, bitwise, and fewer bytes than gathering every
-    // partial product (the products outnumber the operands: `stack::contracts`).
-    if s.output.is_partial()
-        && lhs.layout.mesh.multi
+    // Whether one process holding the whole mesh as virtual devices would contract the stacked
+    // operands in one matmul (a partial output whose products outnumber the operands, every
+    // operand stackable): the deferred partial products below.
+    let one_process_contracts = || {
+        s.output.is_partial()
+            && dispatch::would_hold_stacked::<B>(&s.output, &shape)
+            && dispatch::would_hold_stacked::<B>(&s.inputs[0], &lhs.shape)
+            && dispatch::would_hold_stacked::<B>(&s.inputs[1], &rhs.shape)
+            && stack::contracts(
+                elements(&s.output, &shape),
+                elements(&s.inputs[0], &lhs.shape),
+                elements(&s.inputs[1], &rhs.shape),
+            )
+    };
+    // Across processes, with the ordered reduction, the same contraction: the contracting dim is
+    // gathered on both operands and the whole matmul computed once per process: the one-process
+    // run's arithmetic, bitwise, and fewer bytes than gathering every partial product.
+    if lhs.layout.mesh.multi
         && crate::spmd::reduction() == crate::spmd::Reduction::Ordered
-        && dispatch::would_hold_stacked::<B>(&s.output, &shape)
-        && dispatch::would_hold_stacked::<B>(&s.inputs[0], &lhs.shape)
-        && dispatch::would_hold_stacked::<B>(&s.inputs[1], &rhs.shape)
-        && stack::contracts(
-            elements(&s.output, &shape),
-            elements(&s.inputs[0], &lhs.shape),
-            elements(&s.inputs[1], &rhs.shape),
-        )
+        && one_process_contracts()
     {
         let g = rules::matmul::gathered_contraction(&s);
         return run2_weighted::<B, K, K, K>(lhs, rhs, &g, shape, false, weigh, move |_, x, y| {
             f(x, y)
         });
     }
-    if s.output.is_partial()
-        && dispatch::stacks::<B>(
-            true,
-            (&s.output, &shape),
-            &[(&s.inputs[0], &lhs.shape), (&s.inputs[1], &rhs.shape)],
-        )
-        && stack::contracts(
-            elements(&s.output, &shape),
-            elements(&s.inputs[0], &lhs.shape),
-            elements(&s.inputs[1], &rhs.shape),
-        )
-    {
+    if s.output.mesh.stacked && one_process_contracts() {
         let x = execute_stacked::<B, K>(lhs, &s.inputs[0]);
         let y = execute_stacked::<B, K>(rhs, &s.inputs[1]);
         let k = s.output.mesh.ndim();

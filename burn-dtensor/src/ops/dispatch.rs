@@ -180,8 +180,7 @@ pub(crate) fn stacks<B>(
 /// Whether a tensor of global `shape` under `layout` is held stacked on inner backend `B`:
 /// [`stack::stackable`], and on CPU backends shards below [`par_min`] (see [`stacks`]).
 pub(crate) fn holds_stacked<B>(layout: &Layout, shape: &[usize]) -> bool {
-    stack::stackable(layout, shape)
-        && (!threads_for::<B>() || stack::shard_elements(layout, shape) < par_min())
+    layout.mesh.stacked && would_hold_stacked::<B>(layout, shape)
 }
 
 /// [`holds_stacked`] as if the mesh were one process's virtual devices (see
