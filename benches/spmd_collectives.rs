@@ -156,7 +156,7 @@ fn worker() {
 }
 
 fn main() {
-    if spmd::launch_env().is_some_and(|(_, n)| n > 1) {
+    if spmd::LaunchEnv::detect().is_ok_and(|l| l.is_multi_process()) {
         worker();
         return;
     }

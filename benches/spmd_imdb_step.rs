@@ -92,7 +92,7 @@ fn main() {
     // processes, a smoke test.
     let steps = if common::smoke() { 2 } else { 100 };
     run_all(steps);
-    if spmd::launch_env().is_some_and(|(_, n)| n > 1) {
+    if spmd::LaunchEnv::detect().is_ok_and(|l| l.is_multi_process()) {
         return;
     }
     if !cfg!(feature = "mpi") {

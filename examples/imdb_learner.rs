@@ -12,11 +12,7 @@ use clap::Parser;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    match dtensor_imdb::learner_cli::run_args(dtensor_imdb::learner_cli::LearnerArgs::parse()) {
-        Ok(_) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    dtensor_imdb::console::finish(dtensor_imdb::learner_cli::run_args(
+        dtensor_imdb::learner_cli::LearnerArgs::parse(),
+    ))
 }

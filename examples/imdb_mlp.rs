@@ -12,11 +12,5 @@ use clap::Parser;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    match dtensor_imdb::cli::run_args(dtensor_imdb::cli::Args::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    dtensor_imdb::console::finish(dtensor_imdb::cli::run_args(dtensor_imdb::cli::Args::parse()))
 }

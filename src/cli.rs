@@ -100,7 +100,7 @@ impl RunFlags {
         }
     }
 
-    /// The distributed placement on inner backend `I` (on its default device): `--mesh` and
+    /// The distributed placement on inner backend `I` (on [`train::process_device`]): `--mesh` and
     /// `--layout-map`, or the tutorial's for `--mode` ([`train::mesh_and_layout_map`]), over
     /// `--devices` virtual devices. Not for `--mode single`.
     ///
@@ -112,7 +112,7 @@ impl RunFlags {
             self.mesh.as_deref(),
             self.layout_map.as_deref(),
         )?;
-        Distributed::<I>::new(&mesh, self.devices, I::Device::default(), map)
+        Distributed::<I>::new(&mesh, self.devices, train::process_device::<I>(), map)
     }
 
     /// Prints the mesh of `p` and, with `--show-layouts`, every parameter's and the input
@@ -121,14 +121,26 @@ impl RunFlags {
     /// # Errors
     /// Layout-map errors.
     pub fn announce<I: Backend>(&self, p: &Distributed<I>) -> Result<(), AppError> {
-        println!(
-            "mesh [{}] over {} virtual {} devices",
-            p.mesh,
-            self.devices,
-            I::name(&Default::default())
-        );
+        let world = burn_dtensor::spmd::init()?;
+        let backend = I::name(&Default::default());
+        if world.size() > 1 {
+            crate::say!(
+                "mesh [{}] over {} processes ({}) x {} virtual {backend} devices each",
+                p.mesh,
+                world.size(),
+                world.engine(),
+                self.devices / world.size()
+            );
+        } else {
+            crate::say!(
+                "mesh [{}] over {} virtual {backend} devices",
+                p.mesh,
+                self.devices
+            );
+        }
         if self.show_layouts {
-            print!("{}", show_layouts(p, self.batch_size)?);
+            let tables = show_layouts(p, self.batch_size)?;
+            crate::say!("{}", tables.trim_end());
         }
         Ok(())
     }
@@ -182,8 +194,19 @@ struct Bars {
 }
 
 impl Progress for Bars {
+    fn resumed(&mut self, epochs_done: usize, dir: &std::path::Path) {
+        println!(
+            "resumed from epoch {epochs_done} of {} (training epochs {}..)",
+            dir.display(),
+            epochs_done + 1
+        );
+    }
     fn epoch_start(&mut self, epoch: usize, steps: usize) {
         let bar = ProgressBar::new(steps as u64).with_prefix(format!("epoch {}", epoch + 1));
+        if !crate::console::color() {
+            // Off a terminal (a file, a pipe, or any rank of an SPMD launch): the epoch lines only.
+            bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+        }
         bar.set_style(
             ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {elapsed_precise} {msg}")
                 .unwrap()
@@ -294,6 +317,7 @@ fn with_backend<I: Backend>(
         return run(&Single::<I> { device }, args, cfg, data);
     }
     let p = args.run.distributed::<I>()?;
+    burn_dtensor::spmd::init()?.agree_backend::<I>()?;
     args.run.announce(&p)?;
     run(&p, args, cfg, data)
 }
@@ -307,7 +331,6 @@ pub fn show_layouts<I: Backend>(p: &Distributed<I>, batch_size: usize) -> Result
     use burn::module::{Module, ModuleVisitor, Param};
     use burn::tensor::Tensor;
     use burn_dtensor::DTensorExt;
-    use std::io::IsTerminal;
     type AD<I> = burn::backend::Autodiff<burn_dtensor::DistributedBackend<I>>;
     struct Tables {
         path: Vec<String>,
@@ -326,7 +349,7 @@ pub fn show_layouts<I: Backend>(p: &Distributed<I>, batch_size: usize) -> Result
             self.out += &format!("{}: {table}\n", self.path.join("."));
         }
     }
-    let color = std::io::stdout().is_terminal();
+    let color = crate::console::color();
     let model = p.prepare_model(crate::model::ImdbMlp::new(&p.device()))?;
     let mut v = Tables {
         path: Vec::new(),
@@ -382,6 +405,7 @@ pub fn run_args(args: Args) -> Result<(), AppError> {
     );
     // Validate every input before the (slow) data preparation.
     train::check_lr(cfg.lr)?;
+    train::check_counts(cfg.epochs, cfg.max_steps)?;
     check_outputs(
         args.run.summary_json.as_deref(),
         args.run.export.as_deref(),
@@ -402,25 +426,30 @@ pub fn run_args(args: Args) -> Result<(), AppError> {
         // are lazy: nothing is allocated).
         p.prepare_model(crate::model::ImdbMlp::new(&p.device()))?;
         // SPMD start-up handshake (free in one process): every rank must train the same model
-        // the same way (the mesh was checked when it was built).
+        // the same way. The mesh, device type, engine and reduction were agreed when the mesh
+        // was built; here the backend flag, the layout map and every training setting.
         let world = burn_dtensor::spmd::init()?;
-        world.agree("seed", &cfg.seed.to_string())?;
+        let mut fields = train::config_fields(&cfg);
+        fields.push((
+            "--backend".into(),
+            format!("{:?}", args.run.backend).to_lowercase(),
+        ));
+        fields.push(("--devices".into(), args.run.devices.to_string()));
+        world.agree_fields("training configuration", &fields)?;
         world.agree("layout map", &format!("{:?}", p.layout_map.rules()))?;
-        world.agree("training configuration", &format!("{cfg:?}"))?;
-        if world.size() > 1 && world.is_chief() {
-            println!(
-                "SPMD: {} processes ({}), {} devices each",
-                world.size(),
-                world.engine(),
-                args.run.devices / world.size()
-            );
-        }
+    } else if crate::console::is_multi_process() {
+        return Err(AppError::Config(
+            "--mode single trains the bare backend in one process, but this process is one of \
+             an SPMD launch (each rank would train the whole model alone); start it without \
+             mpirun, or pick --mode data|model|spatial"
+                .into(),
+        ));
     }
     let path = imdb::resolve_source(args.run.data.as_deref())?;
-    println!("loading {} ...", path.display());
+    crate::say!("loading {} ...", path.display());
     let t = std::time::Instant::now();
     let data = train::prepare(&path)?;
-    println!(
+    crate::say!(
         "{} train / {} test reviews vectorised (TF-IDF, {} terms) in {:.1} s",
         data.train.labels.len(),
         data.test.labels.len(),

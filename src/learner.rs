@@ -427,11 +427,93 @@ impl MetricsRenderer for QuietRenderer {
     fn register_metric(&mut self, _definition: MetricDefinition) {}
 }
 
+/// burn-train's renderer off a terminal: one readable line per tenth of an epoch (and at its
+/// last iteration) with the latest value of every metric, where burn-train's own
+/// `CliMetricsRenderer` prints the `TrainingProgress { .. }` debug form of every iteration.
+#[derive(Default)]
+pub struct PlainRenderer {
+    names: std::collections::HashMap<MetricId, String>,
+    train: std::collections::BTreeMap<String, String>,
+    valid: std::collections::BTreeMap<String, String>,
+}
+
+impl PlainRenderer {
+    fn update(&mut self, valid: bool, state: MetricState) {
+        let entry = match state {
+            MetricState::Generic(e) | MetricState::Numeric(e, _) => e,
+        };
+        let name = self
+            .names
+            .get(&entry.metric_id)
+            .cloned()
+            .unwrap_or_else(|| "metric".into());
+        let values = if valid {
+            &mut self.valid
+        } else {
+            &mut self.train
+        };
+        values.insert(name, entry.serialized_entry.formatted);
+    }
+
+    fn line(&self, split: &str, item: &TrainingProgress) {
+        let Some(p) = &item.progress else { return };
+        let every = (p.items_total / 10).max(1);
+        if p.items_processed % every != 0 && p.items_processed != p.items_total {
+            return;
+        }
+        let values = if split == "valid" {
+            &self.valid
+        } else {
+            &self.train
+        };
+        let metrics: Vec<String> = values.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        println!(
+            "{split} epoch {}/{}, {}/{} items: {}",
+            item.global_progress.items_processed,
+            item.global_progress.items_total,
+            p.items_processed,
+            p.items_total,
+            metrics.join(", ")
+        );
+    }
+}
+
+impl MetricsRendererTraining for PlainRenderer {
+    fn update_train(&mut self, state: MetricState) {
+        self.update(false, state);
+    }
+    fn update_valid(&mut self, state: MetricState) {
+        self.update(true, state);
+    }
+    fn render_train(&mut self, item: TrainingProgress, _p: Vec<ProgressType>) {
+        self.line("train", &item);
+    }
+    fn render_valid(&mut self, item: TrainingProgress, _p: Vec<ProgressType>) {
+        self.line("valid", &item);
+    }
+}
+
+impl MetricsRendererEvaluation for PlainRenderer {
+    fn update_test(&mut self, _name: EvaluationName, state: MetricState) {
+        self.update(true, state);
+    }
+    fn render_test(&mut self, item: EvaluationProgress, _p: Vec<ProgressType>) {
+        self.line("test", &TrainingProgress::from(&item));
+    }
+}
+
+impl MetricsRenderer for PlainRenderer {
+    fn manual_close(&mut self) {}
+    fn register_metric(&mut self, definition: MetricDefinition) {
+        self.names.insert(definition.metric_id, definition.name);
+    }
+}
+
 /// How the Learner shows progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RendererKind {
-    /// burn-train's default: its TUI dashboard when stdout is a terminal, else its plain CLI
-    /// renderer (one line per iteration).
+    /// burn-train's TUI dashboard when stdout is a terminal ([`crate::console::color`]), else
+    /// [`PlainRenderer`].
     Default,
     /// Nothing ([`QuietRenderer`]).
     Quiet,
@@ -518,6 +600,7 @@ pub fn fit<P: Placement + Send + Sync + 'static>(
 /// # Errors
 /// [`AppError::Config`] saying which flag to drop or change.
 pub fn check_options(cfg: &TrainConfig, opts: &LearnerOptions) -> Result<(), AppError> {
+    crate::train::check_counts(cfg.epochs, cfg.max_steps)?;
     if cfg.loss != LossReduction::Mean {
         return Err(AppError::Config(
             "the Learner trains with the mean loss (what burn-train's loss metric reports); drop `--loss sum`".into(),
@@ -598,8 +681,12 @@ where
     } else {
         training = training.with_application_logger(None);
     }
-    if opts.renderer == RendererKind::Quiet {
-        training = training.renderer(QuietRenderer);
+    match opts.renderer {
+        RendererKind::Quiet => training = training.renderer(QuietRenderer),
+        RendererKind::Default if !crate::console::color() => {
+            training = training.renderer(PlainRenderer::default())
+        }
+        RendererKind::Default => {}
     }
     let t = Instant::now();
     let result = training.launch(Learner::new(model, optim, cfg.lr));

@@ -76,7 +76,7 @@ fn run<P: Placement + Send + Sync + 'static>(
     p.prepare_model(crate::model::ImdbMlp::new(&p.device()))?;
     learner::check_options(&cfg, &opts)?;
     let path = imdb::resolve_source(args.run.data.as_deref()).map_err(AppError::from)?;
-    println!("loading {} ...", path.display());
+    crate::say!("loading {} ...", path.display());
     let t = std::time::Instant::now();
     let data = train::prepare(&path)?;
     println!(

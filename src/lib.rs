@@ -10,7 +10,9 @@
 pub mod batch;
 pub mod checkpoint;
 pub mod cli;
+pub mod console;
 pub mod data;
+pub mod launch_cli;
 pub mod learner;
 pub mod learner_cli;
 pub mod model;

@@ -97,9 +97,14 @@ pub fn plot_runs(runs: &[Curves], path: &Path) -> Result<(), AppError> {
     let err = |e: &dyn std::fmt::Display| {
         AppError::Config(format!("cannot draw the plot {}: {e}", path.display()))
     };
-    let root = SVGBackend::new(path, (900, 700)).into_drawing_area();
+    let root = SVGBackend::new(path, (1280, 700)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
-    let (top, bottom) = root.split_vertically(350);
+    // The legend has its own column beside the charts, so it never covers a curve.
+    let (charts, legend) = root.split_horizontally(880);
+    let (top, bottom) = charts.split_vertically(350);
+    // Runs with equal curves (the same losses in two modes, as promised) would hide each other:
+    // earlier runs are drawn wider, so every colour shows along a shared line.
+    let width = |i: usize| 1 + 2 * (runs.len() - 1 - i) as u32;
     let max_loss = runs
         .iter()
         .flat_map(|r| r.losses.iter().copied())
@@ -122,17 +127,24 @@ pub fn plot_runs(runs: &[Curves], path: &Path) -> Result<(), AppError> {
         let c = Palette99::pick(i).to_rgba();
         loss.draw_series(LineSeries::new(
             r.losses.iter().copied().enumerate(),
-            c.stroke_width(1),
+            c.stroke_width(width(i)),
         ))
-        .map_err(|e| err(&e))?
-        .label(r.label.clone())
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c));
-    }
-    loss.configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
         .map_err(|e| err(&e))?;
+        let y = 40 + 24 * i as i32;
+        legend
+            .draw(&PathElement::new(
+                vec![(10, y), (40, y)],
+                c.stroke_width(width(i)),
+            ))
+            .map_err(|e| err(&e))?;
+        legend
+            .draw(&Text::new(
+                r.label.clone(),
+                (48, y - 7),
+                ("sans-serif", 14).into_font(),
+            ))
+            .map_err(|e| err(&e))?;
+    }
     let mut acc = ChartBuilder::on(&bottom)
         .caption(
             format!("accuracy: training (mean of {SMOOTHING} steps), test after each epoch (dots)"),
@@ -154,7 +166,7 @@ pub fn plot_runs(runs: &[Curves], path: &Path) -> Result<(), AppError> {
             running_mean(&r.train_accuracy, SMOOTHING)
                 .into_iter()
                 .enumerate(),
-            c.stroke_width(1),
+            c.stroke_width(width(i)),
         ))
         .map_err(|e| err(&e))?;
         // Test accuracy at the last step of each epoch.

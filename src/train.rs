@@ -470,6 +470,8 @@ pub trait Progress {
     fn step(&mut self, _loss: f32, _accuracy: f32) {}
     /// An epoch ended.
     fn epoch_end(&mut self, _epoch: usize, _test_accuracy: Option<f64>, _comm: &CommLog) {}
+    /// The run resumed from the checkpoint `dir`, written after `epochs_done` epochs.
+    fn resumed(&mut self, _epochs_done: usize, _dir: &Path) {}
 }
 
 /// No output.
@@ -566,6 +568,60 @@ pub fn step<B: AutodiffBackend, O: Optimizer<ImdbMlp<B>, B>>(
     (optim.step(lr, model, grads), loss, logits)
 }
 
+/// Checks the step counts: `--epochs` and `--max-steps` of 0 would train nothing and report a
+/// zero loss and accuracy as if they were results.
+///
+/// # Errors
+/// [`AppError::Config`] naming the flag.
+pub fn check_counts(epochs: usize, max_steps: Option<usize>) -> Result<(), AppError> {
+    if epochs == 0 {
+        return Err(AppError::Config(
+            "--epochs 0 trains nothing: give at least 1 (the total, resumed epochs included)"
+                .into(),
+        ));
+    }
+    if max_steps == Some(0) {
+        return Err(AppError::Config(
+            "--max-steps 0 trains nothing: give at least 1, or leave it out for whole epochs"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Every field of `cfg` as `(name, value)`, for the SPMD start-up agreement
+/// ([`burn_dtensor::spmd::World::agree_fields`]): a mismatch names the field.
+pub fn config_fields(cfg: &TrainConfig) -> Vec<(String, String)> {
+    let serde_json::Value::Object(map) = serde_json::to_value(cfg).expect("a plain struct") else {
+        unreachable!("TrainConfig serialises to an object")
+    };
+    let name = |k: &str| -> String {
+        // The field names of TrainConfig, as flags where there is one.
+        let flag = match k {
+            "mode" => "--mode",
+            "epochs" => "--epochs",
+            "max_steps" => "--max-steps",
+            "batch_size" => "--batch-size",
+            "optimizer" => "--optimizer",
+            "lr" => "--lr",
+            "seed" => "--seed",
+            "loss" => "--loss",
+            "drop_policy" => "--drop-policy",
+            "eval" => "evaluation (--no-eval)",
+            "checkpoint_dir" => "--checkpoint-dir",
+            "resume" => "--resume",
+            other => other,
+        };
+        flag.to_string()
+    };
+    map.into_iter()
+        .map(|(k, v)| {
+            let v = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+            (name(&k), v)
+        })
+        .collect()
+}
+
 /// Checks a global batch size against the batch axis under a drop policy.
 ///
 /// # Errors
@@ -604,6 +660,7 @@ fn train_with<P: Placement, O: Optimizer<ImdbMlp<P::AD>, P::AD>>(
         let loaded = checkpoint::read(dir)?;
         start_epoch = loaded.state.epochs_done;
         prior_losses = loaded.state.train_losses.clone();
+        progress.resumed(start_epoch, dir);
         (model, optim) = loaded.load_into(model, optim, cfg.optimizer, &device)?;
     }
     let t_run = Instant::now();
@@ -694,6 +751,22 @@ fn train_with<P: Placement, O: Optimizer<ImdbMlp<P::AD>, P::AD>>(
         config: cfg.clone(),
     };
     Ok((summary, model))
+}
+
+/// The inner device of this process: the GPU its launch assigns
+/// ([`burn_dtensor::spmd::LaunchEnv::gpu`]: a resource spec's `gpus[local rank]`) as that index
+/// of the default device's type (a CUDA ordinal; CPU backends have one device), else the
+/// backend's default device.
+pub fn process_device<I: Backend>() -> I::Device {
+    use burn::tensor::backend::{Device, DeviceId};
+    let default = I::Device::default();
+    match burn_dtensor::spmd::LaunchEnv::detect()
+        .ok()
+        .and_then(|l| l.gpu)
+    {
+        Some(g) => I::Device::from_id(DeviceId::new(default.to_id().type_id, g as u16)),
+        None => default,
+    }
 }
 
 /// The model a run starts from: the backend seeded with `seed`, a fresh [`ImdbMlp`] on the

@@ -69,14 +69,10 @@ fn run_ok(mut c: Command, what: &str) -> String {
     text
 }
 
-fn example() -> Option<PathBuf> {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()?
-        .parent()?
-        .join("examples")
-        .join(format!("imdb_mlp{}", std::env::consts::EXE_SUFFIX));
-    bin.exists().then_some(bin)
+/// The example's `main`, built as the package's `imdb_mlp` binary (`cargo test --all-targets`
+/// builds examples only in test mode).
+fn example() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_imdb_mlp"))
 }
 
 fn summary(path: &Path) -> train::Summary {
@@ -100,12 +96,7 @@ fn example_as_2_4_8_processes_matches_one_process_f32() {
     if !mpi_ready() {
         return;
     }
-    let Some(bin) = example() else {
-        println!(
-            "skipped: the imdb_mlp example was not built (cargo test --all-targets builds it)"
-        );
-        return;
-    };
+    let bin = example();
     let dir = std::env::temp_dir().join(format!("imdb-spmd-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let flags = |mode: &str, out: &Path| -> Vec<String> {
@@ -372,12 +363,7 @@ fn checkpoint_from_4_processes_resumes_in_1_and_2() {
     if !mpi_ready() {
         return;
     }
-    let Some(bin) = example() else {
-        println!(
-            "skipped: the imdb_mlp example was not built (cargo test --all-targets builds it)"
-        );
-        return;
-    };
+    let bin = example();
     let dir = std::env::temp_dir().join(format!("imdb-spmd-ck-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();

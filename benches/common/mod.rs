@@ -31,7 +31,8 @@ pub fn batch(n: usize, width: usize, seed: u64) -> (TensorData, TensorData) {
 /// without `--bench` (the launcher passes the choice on to its ranks in `SPMD_BENCH_SMOKE`).
 pub fn smoke() -> bool {
     std::env::var_os("SPMD_BENCH_SMOKE").is_some()
-        || (burn_dtensor::spmd::launch_env().is_none() && !std::env::args().any(|a| a == "--bench"))
+        || (!burn_dtensor::spmd::LaunchEnv::detect().is_ok_and(|l| l.is_multi_process())
+            && !std::env::args().any(|a| a == "--bench"))
 }
 
 /// Runs this bench binary as `np` MPI processes for each `np` of `counts` (2 only in a smoke

@@ -210,6 +210,9 @@ impl CommLog {
     }
 }
 
+/// `3x all-reduce@batch (1.2 KiB), ... (3.6 KiB total)`: count, kind, mesh axis and bytes per
+/// (kind, axis); when bytes crossed processes the total is split by link kind,
+/// `(... total: X in process, Y across processes)` ([`CommLog::bytes_by_link`]).
 impl fmt::Display for CommLog {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.events.is_empty() {
@@ -220,11 +223,22 @@ impl fmt::Display for CommLog {
             .into_iter()
             .map(|((k, a), (n, b))| format!("{n}x {k}@{a} ({})", human_bytes(b)))
             .collect();
+        let (within, across) = self.bytes_by_link();
+        if across == 0 {
+            return write!(
+                f,
+                "{} ({} total)",
+                parts.join(", "),
+                human_bytes(self.total_bytes())
+            );
+        }
         write!(
             f,
-            "{} ({} total)",
+            "{} ({} total: {} in process, {} across processes)",
             parts.join(", "),
-            human_bytes(self.total_bytes())
+            human_bytes(self.total_bytes()),
+            human_bytes(within),
+            human_bytes(across)
         )
     }
 }

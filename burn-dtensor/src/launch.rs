@@ -11,14 +11,20 @@
 //!
 //! [[nodes]]
 //! address = "10.0.0.2"
-//! gpus = [0, 1, 2, 3]  # one process per GPU (a process picks gpus[OMPI_COMM_WORLD_LOCAL_RANK])
+//! gpus = [0, 1, 2, 3]  # one process per GPU: the process of local rank i takes gpus[i]
 //!
 //! [mpi]
 //! args = ["--mca", "btl", "self,tcp"]   # extra mpirun arguments (optional)
 //! ```
 //!
 //! [`ResourceSpec::hostfile`] gives the OpenMPI hostfile (`address slots=n`, the chief first so
-//! that it gets rank 0) and [`ResourceSpec::mpirun`] the command. The processes find their rank
+//! that it gets rank 0) and [`ResourceSpec::mpirun`] the command. With `gpus`, the command
+//! exports [`RANK_GPUS_VAR`]: each rank's GPU, in rank order, which
+//! [`LaunchEnv::gpu`](crate::spmd::LaunchEnv::gpu) reads back in the process (the GPU of its
+//! local rank on its node).
+//!
+//! Addresses are host names (letters, digits, `-`, `.`, `_`) or IP literals, compared without
+//! regard to case (DNS names are case-insensitive). The processes find their rank
 //! and world size in the environment `mpirun` sets ([`crate::spmd::init`]), so `mpirun -n 4
 //! program` typed by hand works the same.
 
@@ -74,6 +80,41 @@ pub struct ResourceSpec {
     pub mpi: MpiOptions,
 }
 
+/// The variable [`ResourceSpec::mpirun`] exports when nodes list `gpus`: every rank's GPU index,
+/// comma-separated in world-rank order, `-` for a rank without one (a CPU node).
+pub const RANK_GPUS_VAR: &str = "BURN_DTENSOR_RANK_GPUS";
+
+/// Why `address` cannot be a node address, or `None` when it can: a host name (labels of
+/// letters, digits, `-` and `_` joined by `.`, at most 253 characters) or an IPv4/IPv6 literal.
+fn bad_address(address: &str) -> Option<String> {
+    if address.is_empty() {
+        return Some("is empty".into());
+    }
+    if address.parse::<std::net::IpAddr>().is_ok() {
+        return None;
+    }
+    if let Some(c) = address.chars().find(|c| c.is_whitespace()) {
+        return Some(format!(
+            "contains white space ({c:?}): give one host name or IP address, and the process \
+             count as `processes = N`"
+        ));
+    }
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && !l.starts_with('-')
+            && l.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    };
+    if address.len() > 253 || !address.split('.').all(label_ok) {
+        return Some(
+            "is neither a host name (letters, digits, `-`, `_`, dot-separated labels) nor an IP \
+             address"
+                .into(),
+        );
+    }
+    None
+}
+
 fn spec_err(path: &str, reason: impl Into<String>) -> DTensorError {
     DTensorError::ResourceSpec {
         path: path.to_string(),
@@ -104,9 +145,10 @@ impl ResourceSpec {
         Ok(spec)
     }
 
-    /// Checks the spec: at least one node; every node with at least one process and, when it
-    /// gives both, as many processes as GPUs; distinct addresses; at most one chief; no loopback
-    /// address in a spec of several nodes (the other nodes could not reach it).
+    /// Checks the spec: at least one node; every address a host name or IP literal; every node
+    /// with at least one process and, when it gives both, as many processes as GPUs; distinct
+    /// addresses (ignoring case); at most one chief; no loopback address in a spec of several
+    /// nodes (the other nodes could not reach it).
     ///
     /// # Errors
     /// [`DTensorError::ResourceSpec`] saying which node and what to change.
@@ -118,6 +160,12 @@ impl ResourceSpec {
             ));
         }
         for (i, n) in self.nodes.iter().enumerate() {
+            if let Some(why) = bad_address(&n.address) {
+                return Err(spec_err(
+                    origin,
+                    format!("node {i}: the address `{}` {why}", n.address),
+                ));
+            }
             if n.slots() == 0 {
                 return Err(spec_err(
                     origin,
@@ -140,7 +188,10 @@ impl ResourceSpec {
                     ),
                 ));
             }
-            if let Some(j) = self.nodes[..i].iter().position(|m| m.address == n.address) {
+            if let Some(j) = self.nodes[..i]
+                .iter()
+                .position(|m| m.address.eq_ignore_ascii_case(&n.address))
+            {
                 return Err(spec_err(
                     origin,
                     format!(
@@ -149,8 +200,9 @@ impl ResourceSpec {
                     ),
                 ));
             }
-            let loopback =
-                n.address == "localhost" || n.address.starts_with("127.") || n.address == "::1";
+            let loopback = n.address.eq_ignore_ascii_case("localhost")
+                || n.address.starts_with("127.")
+                || n.address == "::1";
             if loopback && self.nodes.len() > 1 {
                 return Err(spec_err(
                     origin,
@@ -202,9 +254,28 @@ impl ResourceSpec {
             .collect()
     }
 
+    /// Every rank's GPU in world-rank order (the value of [`RANK_GPUS_VAR`]), `None` when no
+    /// node lists GPUs. Ranks fill the nodes in [`ResourceSpec::ranked_nodes`] order, slot by
+    /// slot (mpirun's default mapping), so rank `r` on a node is that node's local rank `i`
+    /// and takes `gpus[i]`.
+    pub fn rank_gpus(&self) -> Option<String> {
+        if self.nodes.iter().all(|n| n.gpus.is_empty()) {
+            return None;
+        }
+        let per_rank: Vec<String> = self
+            .ranked_nodes()
+            .iter()
+            .flat_map(|n| {
+                (0..n.slots()).map(|i| n.gpus.get(i).map_or("-".into(), |g| g.to_string()))
+            })
+            .collect();
+        Some(per_rank.join(","))
+    }
+
     /// The `mpirun` command that starts `program args..` on every slot, with `hostfile` (the
-    /// text of [`ResourceSpec::hostfile`] written to a file) and the spec's extra arguments.
-    /// Adds `--allow-run-as-root` when running as root.
+    /// text of [`ResourceSpec::hostfile`] written to a file) and the spec's extra arguments,
+    /// exporting [`RANK_GPUS_VAR`] when nodes list GPUs. Adds `--allow-run-as-root` when
+    /// running as root.
     pub fn mpirun(&self, hostfile: &Path, program: &str, args: &[String]) -> Command {
         let mut c = Command::new(self.mpi.mpirun.as_deref().unwrap_or("mpirun"));
         // SAFETY: geteuid has no preconditions.
@@ -213,10 +284,11 @@ impl ResourceSpec {
         }
         c.arg("--hostfile")
             .arg(hostfile)
-            .args(["-np", &self.world_size().to_string()])
-            .args(&self.mpi.args)
-            .arg(program)
-            .args(args);
+            .args(["-np", &self.world_size().to_string()]);
+        if let Some(g) = self.rank_gpus() {
+            c.args(["-x", &format!("{RANK_GPUS_VAR}={g}")]);
+        }
+        c.args(&self.mpi.args).arg(program).args(args);
         c
     }
 }

@@ -127,14 +127,27 @@ impl LayoutMap {
     /// Reads a TOML layout-map file.
     ///
     /// # Errors
-    /// As [`LayoutMap::from_toml_str`], plus [`DTensorError::LayoutMapFile`] when unreadable.
+    /// As [`LayoutMap::from_toml_str`], plus [`DTensorError::LayoutMapFile`] when unreadable or
+    /// when it holds no rule: a file given to lay parameters out that lays out none is a
+    /// mistake (a wrong file, a commented-out map); to keep every parameter replicated, use
+    /// no map ([`LayoutMap::new`]).
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let p = path.as_ref();
+        let origin = p.display().to_string();
         let text = std::fs::read_to_string(p).map_err(|e| DTensorError::LayoutMapFile {
-            path: p.display().to_string(),
+            path: origin.clone(),
             reason: e.to_string(),
         })?;
-        Self::parse(&text, &p.display().to_string())
+        let map = Self::parse(&text, &origin)?;
+        if map.rules.is_empty() {
+            return Err(DTensorError::LayoutMapFile {
+                path: origin,
+                reason: "it has no rule, so every parameter would stay replicated; add rules, \
+                         or give no layout map to replicate every parameter"
+                    .into(),
+            });
+        }
+        Ok(map)
     }
 
     fn parse(text: &str, origin: &str) -> Result<Self> {
@@ -142,9 +155,19 @@ impl LayoutMap {
             path: origin.to_string(),
             reason,
         };
-        let table: toml::Table = text
-            .parse()
-            .map_err(|e: toml::de::Error| err(e.message().to_string()))?;
+        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+            // Line and column (1-based) of where the parser stopped.
+            let at = e.span().map_or(String::new(), |r| {
+                let before = &text[..r.start.min(text.len())];
+                let line = before.matches('\n').count() + 1;
+                let col = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+                format!("line {line}, column {col}: ")
+            });
+            err(format!(
+                "{at}{}",
+                e.message().trim_end().replace('\n', "; ")
+            ))
+        })?;
         let mut map = Self::new();
         for (k, v) in table {
             let arr = v

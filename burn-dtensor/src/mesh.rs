@@ -281,7 +281,13 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
         }
         check_axes(&axes)?;
         let engine = crate::collective::engine::across_engine(&local_devices)?;
-        let grid = crate::spmd::grid(&axes, local_devices.len(), world, engine)?;
+        let grid = crate::spmd::grid(
+            &axes,
+            local_devices.len(),
+            world,
+            std::any::type_name::<D>(),
+            engine,
+        )?;
         Ok(Self::intern(axes, local_devices, false, Vec::new(), grid))
     }
 

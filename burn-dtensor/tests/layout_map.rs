@@ -156,3 +156,35 @@ fn errors_name_the_problem() {
         Err(DTensorError::LayoutMapFile { .. })
     ));
 }
+
+/// A TOML syntax error names its line and column; a layout-map file with no rule is refused
+/// (it would silently replicate every parameter); the empty map in code stays valid.
+#[test]
+fn file_errors_give_line_and_column_and_refuse_an_empty_map() {
+    let e = LayoutMap::from_toml_str(
+        "'^dense1\\.weight$' = [\"unsharded\", \"model\"]\n'^dense2' = [\"model\" \"x\"]\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("line 2, column"), "{e}");
+    let e = LayoutMap::from_toml_str("'a' = [\"model\"]\nnot toml at all\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("line 2, column 5"), "{e}");
+    let dir = std::env::temp_dir().join(format!("layout-map-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for text in [
+        "",
+        "# every rule commented out\n# '^dense1' = [\"model\"]\n",
+    ] {
+        let f = dir.join("map.toml");
+        std::fs::write(&f, text).unwrap();
+        let e = LayoutMap::from_file(&f).unwrap_err();
+        assert!(
+            matches!(&e, DTensorError::LayoutMapFile { reason, .. } if reason.contains("no rule")),
+            "{e}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(LayoutMap::from_toml_str("").unwrap().rules().is_empty());
+}

@@ -449,6 +449,50 @@ fn start_up_checks_across_processes() {
     let e = w.agree("seed", &format!("{}", 40 + w.rank())).unwrap_err();
     assert!(e.to_string().contains("seed"), "{e}");
     w.agree("seed", "42").unwrap();
+    // The reduction order is agreed with the mesh: a difference is named, with both values.
+    spmd::set_reduction(if w.rank() == 1 {
+        spmd::Reduction::Engine
+    } else {
+        spmd::Reduction::Ordered
+    });
+    let e = Mesh::spmd([("r", 4)], vec![Dev::default(); 2])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("disagree on the mesh (`reduction`)")
+            && e.contains("`Engine`")
+            && e.contains("`Ordered`"),
+        "{e}"
+    );
+    spmd::set_reduction(spmd::Reduction::Ordered);
+    // The inner backend and its element types.
+    let e = if w.rank() == 0 {
+        w.agree_backend::<NdArray<f32>>()
+    } else {
+        w.agree_backend::<NdArray<f64>>()
+    }
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("disagree on the inner backend"), "{e}");
+    w.agree_backend::<NdArray<f32>>().unwrap();
+    // A record of fields names the first that differs; a field one rank lacks is `<absent>`.
+    let lr = if w.rank() == 0 { "0.001" } else { "0.01" };
+    let e = w
+        .agree_fields("config", &[("epochs", "2".into()), ("lr", lr.into())])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("disagree on the config (`lr`)")
+            && e.contains("`0.01`")
+            && e.contains("`0.001`"),
+        "{e}"
+    );
+    let mut fields = vec![("epochs", "2".to_string())];
+    if w.rank() == 1 {
+        fields.push(("extra", "1".into()));
+    }
+    let e = w.agree_fields("config", &fields).unwrap_err().to_string();
+    assert!(e.contains("(`extra`)") && e.contains("<absent>"), "{e}");
     done(name);
 }
 
@@ -480,8 +524,9 @@ fn launch_failing(name: &str, np: usize, env: &[(&str, &str)]) -> (i32, String, 
 
 /// A rank that stops answering (SIGSTOP) mid-step ends the others within the collective timeout
 /// with an error naming it and the collective; a rank that dies (SIGKILL) makes `mpirun` end
-/// the job at once, naming it; a rank that never joins ends the others within the timeout, each
-/// naming itself and the start-up. None hangs.
+/// the job at once, naming it; a rank that panics after start-up ends the job at once (well
+/// inside a 60 s timeout), naming itself and the panic; a rank that never joins ends the others
+/// within the timeout, each naming itself and the start-up. None hangs.
 #[test]
 fn a_stopped_or_killed_rank_ends_the_job_naming_it() {
     let name = "a_stopped_or_killed_rank_ends_the_job_naming_it";
@@ -523,6 +568,25 @@ fn a_stopped_or_killed_rank_ends_the_job_naming_it() {
             name,
             2,
             &[
+                ("SPMD_FAULT", "panic"),
+                ("BURN_DTENSOR_COLLECTIVE_TIMEOUT_S", "60"),
+            ],
+        );
+        println!("panicking rank: exit {code} after {secs:.1} s");
+        assert_ne!(code, 0, "{text}");
+        assert!(
+            text.contains("burn-dtensor [rank 1 of 2")
+                && text.contains("panicked at")
+                && text.contains("injected fault on rank 1"),
+            "{text}"
+        );
+        assert!(!text.contains("did not complete within"), "{text}");
+        // Start-up and the first collective take about a second; the timeout is 60 s.
+        assert!(secs < 20.0, "took {secs} s:\n{text}");
+        let (code, text, secs) = launch_failing(
+            name,
+            2,
+            &[
                 ("SPMD_FAULT", "never-join"),
                 ("BURN_DTENSOR_COLLECTIVE_TIMEOUT_S", "3"),
             ],
@@ -538,7 +602,7 @@ fn a_stopped_or_killed_rank_ends_the_job_naming_it() {
     }
     // Rank 1 sleeps past the test's time before joining.
     if std::env::var("SPMD_FAULT").as_deref() == Ok("never-join")
-        && spmd::launch_env().is_some_and(|(r, _)| r == 1)
+        && spmd::LaunchEnv::detect().is_ok_and(|l| l.rank == 1)
     {
         std::thread::sleep(std::time::Duration::from_secs(110));
     }
@@ -559,6 +623,7 @@ fn a_stopped_or_killed_rank_ends_the_job_naming_it() {
             Ok("kill") => unsafe {
                 libc::raise(libc::SIGKILL);
             },
+            Ok("panic") => panic!("injected fault on rank 1"),
             _ => {}
         }
     }

@@ -242,6 +242,15 @@ impl ProcessGroup for MpiGroup {
         recv.truncate(total);
         recv
     }
+    fn abort(&self, code: i32) -> ! {
+        // No lock: the thread that holds it may be this one (a timed-out wait), and an abort
+        // must not wait for another. Open MPI ends every rank of the job.
+        // SAFETY: MPI is initialised (this group exists); `MPI_Abort` does not return.
+        unsafe {
+            mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, code);
+        }
+        std::process::abort()
+    }
     fn broadcast(&self, buf: &mut [u8], root: usize, what: &str) {
         if buf.is_empty() {
             return;

@@ -265,6 +265,9 @@ impl ProcessGroup for NcclGroup {
         }
         out
     }
+    fn abort(&self, code: i32) -> ! {
+        self.bootstrap.abort(code)
+    }
     fn broadcast(&self, buf: &mut [u8], root: usize, what: &str) {
         let comm = self.comm.0;
         let len = buf.len();

@@ -10,16 +10,28 @@
 //! combines the shards inside the process first (the in-process path: stacked, CubeCL or
 //! generic), then across the processes of that axis' process group (the engine: MPI).
 //!
-//! The world comes from the launch environment ([`init`]): under `mpirun` (OpenMPI's
-//! `OMPI_COMM_WORLD_*`, MPICH/PMI's `PMI_*`) with the `mpi` feature it is the MPI world; a
-//! process started alone is a world of one, where [`Mesh::spmd`](crate::Mesh::spmd) is
-//! [`Mesh::new`](crate::Mesh::new) and nothing here costs anything.
+//! The world comes from the launch environment ([`init`], detected in one place:
+//! [`LaunchEnv`]): under `mpirun` (Open MPI's `OMPI_COMM_WORLD_*`), MPICH/Hydra (`PMI_*`),
+//! `srun --mpi=pmix` (`SLURM_*`) or another PMIx launcher, with the `mpi` feature, it is the MPI
+//! world; a process started alone is a world of one, where [`Mesh::spmd`](crate::Mesh::spmd)
+//! is [`Mesh::new`](crate::Mesh::new) and nothing here costs anything. A launch this process
+//! cannot join (no `mpi` feature, torchrun, variables set by hand) is an error, never a
+//! process training alone as one of several copies.
 //!
-//! Faults: every cross-process collective waits at most [`collective_timeout`] (default 30 s,
-//! `BURN_DTENSOR_COLLECTIVE_TIMEOUT_S`); past it the process prints which collective, which mesh
-//! axis and which peer ranks are gone or stopped, and exits with status [`TIMEOUT_EXIT_CODE`]
-//! (a collective runs inside a Burn op, which cannot return an error). A rank that dies makes
-//! `mpirun` end the job at once, naming that rank.
+//! # Faults: one policy
+//! A job ends as a whole, through [`abort_job`] (`MPI_Abort`: the launcher ends every rank at
+//! once), in exactly three cases, each printing on the failing rank a message that names it:
+//! - the application calls it on an error or a panic of one rank (the examples do, for every
+//!   error after start-up; [`init`] installs a panic hook that does it in a multi-process
+//!   world), so the other ranks do not wait for a peer that will never come;
+//! - a cross-process collective waits longer than [`collective_timeout`] (default 30 s,
+//!   `BURN_DTENSOR_COLLECTIVE_TIMEOUT_S`): the message names the collective, the mesh axis and
+//!   the peers that are stopped or gone, and the exit status is [`TIMEOUT_EXIT_CODE`] (a
+//!   collective runs inside a Burn op, which cannot return an error);
+//! - joining the world takes longer than that timeout (a rank that never joins).
+//!
+//! Otherwise the library returns errors. A rank that dies makes the launcher end the job at
+//! once, naming that rank.
 
 use std::collections::hash_map::DefaultHasher;
 use std::fmt;
@@ -32,7 +44,10 @@ use burn::tensor::DType;
 use crate::error::{DTensorError, Result};
 use crate::layout::ReduceOp;
 
-/// Exit status of a process whose cross-process collective timed out.
+mod launch_env;
+pub use launch_env::{LaunchEnv, LaunchSource};
+
+/// Exit status of a job whose cross-process collective (or start-up) timed out.
 pub const TIMEOUT_EXIT_CODE: i32 = 75;
 
 /// A group of processes that run collectives together: the world, or the processes along one
@@ -63,6 +78,9 @@ pub trait ProcessGroup: Send + Sync {
     fn all_gather(&self, send: &[u8], counts: &[usize], what: &str) -> Vec<u8>;
     /// Gives every member the `buf` of member `root` (all pass buffers of the same length).
     fn broadcast(&self, buf: &mut [u8], root: usize, what: &str);
+    /// Ends every process of the job with exit status `code` (`MPI_Abort` on the world): the
+    /// engine's part of [`abort_job`]. Never returns.
+    fn abort(&self, code: i32) -> !;
 }
 
 /// Where each rank of the world runs, exchanged at start-up (for fault messages).
@@ -75,6 +93,7 @@ pub(crate) struct Peer {
 /// The processes of this SPMD run. [`init`] gives it.
 pub struct World {
     group: Option<Arc<dyn ProcessGroup>>,
+    launch: LaunchEnv,
     // Read by the engines' fault messages.
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     peers: Vec<Peer>,
@@ -99,6 +118,10 @@ impl World {
     pub fn is_chief(&self) -> bool {
         self.rank() == 0
     }
+    /// How this process was launched: the source, the local rank and the node.
+    pub fn launch(&self) -> &LaunchEnv {
+        &self.launch
+    }
     /// The engine, `"mpi"`, or `"none"` for a world of one process.
     pub fn engine(&self) -> &'static str {
         self.group.as_ref().map_or("none", |g| g.engine())
@@ -112,59 +135,113 @@ impl World {
         self.group.as_ref()
     }
 
-    /// Checks that every process passes the same `value` for `what` (a mesh, a layout map, a
-    /// seed: anything all ranks must agree on), the start-up handshake of an SPMD run.
-    /// Collective: every process calls it, in the same order. Free in a world of one.
+    /// Checks that every process passes the same `value` for `what` (a mesh, a seed: anything
+    /// all ranks must agree on), the start-up handshake of an SPMD run. Collective: every
+    /// process calls it, in the same order. Free in a world of one.
     ///
     /// # Errors
     /// [`DTensorError::ProcessMismatch`] naming the first rank whose value differs from this
     /// process's, with both values (shortened).
     pub fn agree(&self, what: &str, value: &str) -> Result<()> {
+        self.agree_fields(what, &[(what, value.to_string())])
+    }
+
+    /// As [`World::agree`] for a record of named `fields` (a configuration): a mismatch names
+    /// the first field that differs and its value on both ranks, e.g. "the processes disagree on
+    /// the training configuration (`lr`): rank 1 has `0.01`, rank 0 has `0.001`". A field one
+    /// rank lacks shows as `<absent>`.
+    ///
+    /// # Errors
+    /// [`DTensorError::ProcessMismatch`] as above.
+    pub fn agree_fields<S: AsRef<str>>(&self, what: &str, fields: &[(S, String)]) -> Result<()> {
         let Some(g) = &self.group else {
             return Ok(());
         };
-        let mine = value.as_bytes();
-        let mut len = (mine.len() as u64).to_le_bytes().to_vec();
+        let encode = |k: &str, v: &str| format!("{}\u{1f}{}", k, v.replace('\u{1e}', " "));
+        let mine: String = fields
+            .iter()
+            .map(|(k, v)| encode(k.as_ref(), v))
+            .collect::<Vec<_>>()
+            .join("\u{1e}");
+        let label = format!("start-up check of the {what}");
         let lens = g.all_gather(
-            &len,
+            &(mine.len() as u64).to_le_bytes(),
             &vec![8; g.size()],
-            &format!("start-up check of the {what}"),
+            &label,
         );
         let counts: Vec<usize> = lens
             .chunks(8)
             .map(|c| u64::from_le_bytes(c.try_into().unwrap()) as usize)
             .collect();
-        let all = g.all_gather(mine, &counts, &format!("start-up check of the {what}"));
-        len.clear();
+        let all = g.all_gather(mine.as_bytes(), &counts, &label);
+        let decode = |b: &[u8]| -> Vec<(String, String)> {
+            String::from_utf8_lossy(b)
+                .split('\u{1e}')
+                .filter(|f| !f.is_empty())
+                .map(|f| {
+                    let (k, v) = f.split_once('\u{1f}').unwrap_or((f, ""));
+                    (k.to_string(), v.to_string())
+                })
+                .collect()
+        };
+        let show = |v: Option<&str>| match v {
+            None => "<absent>".to_string(),
+            Some(v) if v.chars().count() > 200 => {
+                let mut h = DefaultHasher::new();
+                v.hash(&mut h);
+                format!(
+                    "`{}...` (hash {:016x})",
+                    v.chars().take(160).collect::<String>(),
+                    h.finish()
+                )
+            }
+            Some(v) => format!("`{v}`"),
+        };
+        let ours = decode(mine.as_bytes());
         let mut at = 0;
         for (r, &n) in counts.iter().enumerate() {
-            let theirs = &all[at..at + n];
+            let theirs = decode(&all[at..at + n]);
             at += n;
-            if theirs != mine {
-                let show = |b: &[u8]| {
-                    let s = String::from_utf8_lossy(b).replace('\n', " ");
-                    if s.chars().count() > 80 {
-                        let mut h = DefaultHasher::new();
-                        b.hash(&mut h);
-                        format!(
-                            "`{}...` (hash {:016x})",
-                            s.chars().take(60).collect::<String>(),
-                            h.finish()
-                        )
-                    } else {
-                        format!("`{s}`")
-                    }
-                };
-                return Err(DTensorError::ProcessMismatch {
-                    what: what.to_string(),
-                    me: self.rank(),
-                    ours: show(mine),
-                    rank: r,
-                    theirs: show(theirs),
-                });
+            let names = ours.iter().chain(&theirs).map(|(k, _)| k.as_str());
+            for k in names {
+                let a = ours.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+                let b = theirs.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+                if a != b {
+                    return Err(DTensorError::ProcessMismatch {
+                        what: if k == what {
+                            what.to_string()
+                        } else {
+                            format!("{what} (`{k}`)")
+                        },
+                        me: self.rank(),
+                        ours: show(a),
+                        rank: r,
+                        theirs: show(b),
+                    });
+                }
             }
         }
         Ok(())
+    }
+
+    /// Checks that every process runs the same inner backend `B` with the same element types:
+    /// a different backend or element type changes the bytes every collective moves, which an
+    /// engine reports only as a raw error (`MPI_ERR_TRUNCATE`) or a hang. Collective, free in a
+    /// world of one.
+    ///
+    /// # Errors
+    /// [`DTensorError::ProcessMismatch`] naming the field (`backend`, `float element`, `int
+    /// element`) and both values.
+    pub fn agree_backend<B: burn::tensor::backend::Backend>(&self) -> Result<()> {
+        use std::any::type_name;
+        self.agree_fields(
+            "inner backend",
+            &[
+                ("backend", type_name::<B>().to_string()),
+                ("float element", type_name::<B::FloatElem>().to_string()),
+                ("int element", type_name::<B::IntElem>().to_string()),
+            ],
+        )
     }
 
     /// Waits until every process gets here.
@@ -180,30 +257,34 @@ impl World {
     }
 }
 
-/// The launch environment's `(rank, size)`: OpenMPI's `OMPI_COMM_WORLD_RANK/SIZE`, else
-/// PMI's `PMI_RANK/PMI_SIZE` (MPICH, Slurm); `None` for a process started alone.
-pub fn launch_env() -> Option<(usize, usize)> {
-    let get = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
-    let pair = |r: &str, s: &str| Some((get(r)?, get(s)?));
-    pair("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE").or_else(|| pair("PMI_RANK", "PMI_SIZE"))
-}
-
 static WORLD: OnceLock<std::result::Result<World, DTensorError>> = OnceLock::new();
 
 /// Joins the SPMD world once per process (later calls return the same world): the MPI world
-/// when the process was launched by `mpirun` (or another PMI launcher) with more than one
-/// process, else a world of one. Rank and host of every peer are exchanged, for fault messages.
-/// MPI is finalised when the process exits.
+/// when the launch environment ([`LaunchEnv::detect`]) says this process is one of several,
+/// else a world of one. Rank and host of every peer are exchanged, for fault messages; in a
+/// multi-process world a panic hook is installed that ends the whole job ([`abort_job`]) after
+/// the panic message is printed, so a panicking rank never leaves the others waiting. MPI is
+/// finalised when the process exits.
 ///
 /// # Errors
-/// [`DTensorError::Spmd`] when launched as one of several processes by a binary built without
-/// the `mpi` feature, or when MPI fails to start.
+/// [`DTensorError::Spmd`] for a launch this process cannot join, saying what it saw and what
+/// to do ([`LaunchEnv::joinable`]: no `mpi` feature, torchrun), when MPI fails to start, or
+/// when the MPI world's size is not the one the environment states (variables set by hand,
+/// `srun` without `--mpi=pmix`).
 pub fn init() -> Result<&'static World> {
     WORLD
         .get_or_init(|| {
-            let group = match launch_env() {
-                Some((rank, size)) if size > 1 => Some(start_watched(rank, size)?),
-                _ => None,
+            let launch = LaunchEnv::detect()?;
+            launch.joinable()?;
+            let group = if launch.is_multi_process() {
+                let g = start_watched(&launch)?;
+                if launch.size.is_some_and(|s| s != g.size()) {
+                    return Err(launch.world_mismatch(g.size()));
+                }
+                // A PMIx launch of one process is a world of one.
+                (g.size() > 1).then_some(g)
+            } else {
+                None
             };
             let me = Peer {
                 host: hostname(),
@@ -211,12 +292,78 @@ pub fn init() -> Result<&'static World> {
             };
             let peers = match &group {
                 None => vec![me],
-                Some(g) => exchange_peers(g.as_ref(), &me),
+                Some(g) => {
+                    install_panic_hook();
+                    exchange_peers(g.as_ref(), &me)
+                }
             };
-            Ok(World { group, peers })
+            Ok(World {
+                group,
+                launch,
+                peers,
+            })
         })
         .as_ref()
         .map_err(Clone::clone)
+}
+
+/// The world if [`init`] has already joined it (never starts one).
+fn joined() -> Option<&'static World> {
+    WORLD.get().and_then(|w| w.as_ref().ok())
+}
+
+/// Ends the whole SPMD job: prints `message` on standard error as
+/// `burn-dtensor [rank R of N, pid P on HOST]: MESSAGE`, then ends every process with exit
+/// status `code` (`code` 0 becomes 1): through the engine's abort (`MPI_Abort`, after which the
+/// launcher stops every rank within about a second) in a multi-process world, else by
+/// [`std::process::exit`]. A process launched as one of several that has not joined the world
+/// yet joins it first (bounded by [`collective_timeout`]), so its peers, which are joining or
+/// already past start-up, are ended too rather than left waiting.
+///
+/// This is the fault policy of the module docs: the library calls it only for a timed-out
+/// collective or start-up; applications call it for their own errors after start-up.
+pub fn abort_job(message: &str, code: i32) -> ! {
+    let code = if code == 0 { 1 } else { code };
+    let world = joined().or_else(|| {
+        LaunchEnv::detect()
+            .ok()
+            .filter(|l| l.is_multi_process() && l.joinable().is_ok())
+            .and_then(|_| init().ok())
+    });
+    let who = match world {
+        Some(w) => format!(
+            "rank {} of {}, pid {} on {}",
+            w.rank(),
+            w.size(),
+            std::process::id(),
+            hostname()
+        ),
+        None => format!("pid {}", std::process::id()),
+    };
+    eprintln!("burn-dtensor [{who}]: {message}");
+    match world.and_then(World::group) {
+        Some(g) => g.abort(code),
+        None => std::process::exit(code),
+    }
+}
+
+/// In a multi-process world, a panic on any thread ends the job after the usual panic message
+/// ([`abort_job`]), instead of leaving the peers waiting in their next collective.
+fn install_panic_hook() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        previous(info);
+        let at = info
+            .location()
+            .map_or(String::new(), |l| format!(" at {}:{}", l.file(), l.line()));
+        let what = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        abort_job(&format!("error: panicked{at}: {what}; ending the job"), 101);
+    }));
 }
 
 /// The engine's start-up under the collective timeout. Joining the world (`MPI_Init`) waits for
@@ -224,7 +371,11 @@ pub fn init() -> Result<&'static World> {
 /// joining; one that dies, `mpirun` reports at once) would hold the others forever: past
 /// [`collective_timeout`] this process prints which rank it is, the world size and what it was
 /// waiting for, and exits with [`TIMEOUT_EXIT_CODE`].
-fn start_watched(rank: usize, size: usize) -> Result<Arc<dyn ProcessGroup>> {
+fn start_watched(launch: &LaunchEnv) -> Result<Arc<dyn ProcessGroup>> {
+    let (rank, size) = (
+        launch.rank,
+        launch.size.map_or("?".into(), |s| s.to_string()),
+    );
     use std::sync::atomic::{AtomicBool, Ordering};
     let done = Arc::new(AtomicBool::new(false));
     let seen = done.clone();
@@ -245,7 +396,9 @@ fn start_watched(rank: usize, size: usize) -> Result<Arc<dyn ProcessGroup>> {
                  BURN_DTENSOR_COLLECTIVE_TIMEOUT_S if start-up is slow",
                 timeout.as_secs_f64()
             );
-            // SAFETY: ends the process without running exit handlers (MPI is not usable).
+            // MPI is not usable: nothing to abort through, and no exit handler may run (the
+            // MPI finaliser would wait for the world).
+            // SAFETY: `_exit` has no preconditions.
             unsafe { libc::_exit(TIMEOUT_EXIT_CODE) };
         }
     });
@@ -261,12 +414,11 @@ fn engine() -> Result<Arc<dyn ProcessGroup>> {
 
 #[cfg(not(feature = "mpi"))]
 fn engine() -> Result<Arc<dyn ProcessGroup>> {
-    let (rank, size) = launch_env().unwrap_or((0, 1));
-    Err(DTensorError::Spmd(format!(
-        "this process is rank {rank} of {size} (launched by mpirun), but burn-dtensor was built \
-         without the `mpi` feature; rebuild with `--features mpi` (needs an MPI library: \
-         `apt-get install openmpi-bin libopenmpi-dev libclang-dev`)"
-    )))
+    // `LaunchEnv::joinable` refused the launch before this is reached.
+    LaunchEnv::detect()?.joinable()?;
+    Err(DTensorError::Spmd(
+        "no cross-process engine in this build".into(),
+    ))
 }
 
 fn hostname() -> String {
@@ -358,59 +510,59 @@ pub fn set_collective_timeout(t: Duration) {
     *TIMEOUT.lock().unwrap() = Some(t);
 }
 
-/// Ends the process after a cross-process collective `what` over the world ranks `members`
-/// waited `waited` without completing: prints which peers are not running (dead or stopped,
-/// for peers on this host) and exits with [`TIMEOUT_EXIT_CODE`] without finalising MPI (a
-/// finalise would wait on the stuck collective).
+/// Ends the job ([`abort_job`], status [`TIMEOUT_EXIT_CODE`]) after a cross-process
+/// collective `what` over the world ranks `members` waited `waited` without completing. The
+/// message names the peers on this host that are stopped, and only those when there are any
+/// (they are the cause: a peer that exited at the same moment may have ended on this same
+/// timeout); else the peers that have exited; else says every peer is running.
 #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub(crate) fn collective_failed(what: &str, members: &[usize], waited: Duration) -> ! {
-    let world = WORLD.get().and_then(|w| w.as_ref().ok());
+    let world = joined();
     let me = world.map_or(0, World::rank);
     let here = hostname();
-    let mut gone = Vec::new();
-    let mut unknown = Vec::new();
+    let (mut stopped, mut exited, mut elsewhere) = (Vec::new(), Vec::new(), Vec::new());
     if let Some(w) = world {
         for &r in members.iter().filter(|&&r| r != me) {
             let Some(p) = w.peers.get(r) else { continue };
             if p.host != here {
-                unknown.push(format!("rank {r} (pid {} on {})", p.pid, p.host));
+                elsewhere.push(format!("rank {r} (pid {} on {})", p.pid, p.host));
                 continue;
             }
-            match std::fs::read_to_string(format!("/proc/{}/stat", p.pid)) {
-                Err(_) => gone.push(format!("rank {r} (pid {}) is dead", p.pid)),
-                Ok(stat) => {
-                    let state = stat
-                        .rsplit_once(") ")
-                        .and_then(|(_, rest)| rest.chars().next())
-                        .unwrap_or('?');
-                    match state {
-                        'Z' | 'X' => gone.push(format!("rank {r} (pid {}) is dead", p.pid)),
-                        'T' | 't' => gone.push(format!("rank {r} (pid {}) is stopped", p.pid)),
-                        _ => {}
-                    }
-                }
+            let state = std::fs::read_to_string(format!("/proc/{}/stat", p.pid))
+                .ok()
+                .and_then(|stat| {
+                    let (_, rest) = stat.rsplit_once(") ")?;
+                    rest.chars().next()
+                });
+            match state {
+                None | Some('Z' | 'X') => exited.push(format!("rank {r} (pid {})", p.pid)),
+                Some('T' | 't') => stopped.push(format!("rank {r} (pid {}) is stopped", p.pid)),
+                _ => {}
             }
         }
     }
-    let diagnosis = if !gone.is_empty() {
-        gone.join(", ")
-    } else if !unknown.is_empty() {
+    let diagnosis = if !stopped.is_empty() {
+        stopped.join(", ")
+    } else if !exited.is_empty() {
+        format!("{} exited without reaching it", exited.join(", "))
+    } else if !elsewhere.is_empty() {
         format!(
             "the peers on this host are running; on other hosts: {}",
-            unknown.join(", ")
+            elsewhere.join(", ")
         )
     } else {
         format!(
             "every peer of ranks {members:?} is still running: one of them has not reached this collective (a hung step, or processes running different programs)"
         )
     };
-    eprintln!(
-        "burn-dtensor [rank {me}]: error: {what} did not complete within {:.1} s: {diagnosis}. \
-         Raise BURN_DTENSOR_COLLECTIVE_TIMEOUT_S if the peers are only slow.",
-        waited.as_secs_f64()
-    );
-    // SAFETY: `_exit` ends the process at once (no atexit handler: MPI_Finalize would block).
-    unsafe { libc::_exit(TIMEOUT_EXIT_CODE) }
+    abort_job(
+        &format!(
+            "error: {what} did not complete within {:.1} s: {diagnosis}. Raise \
+             BURN_DTENSOR_COLLECTIVE_TIMEOUT_S if the peers are only slow.",
+            waited.as_secs_f64()
+        ),
+        TIMEOUT_EXIT_CODE,
+    )
 }
 
 /// How a mesh's positions are split over the processes of the world: per mesh axis the number
@@ -473,7 +625,8 @@ static GRIDS: Mutex<Vec<(GridKey, ProcessGrid)>> = Mutex::new(Vec::new());
 /// devices: each process takes the next contiguous row-major block of `local` positions, which
 /// must be a box (JAX's rule): the trailing axes whole, then a divisor of one axis. Builds the
 /// process group of every axis with more than one process along it, after checking that every
-/// process asks for the same mesh. Collective over the world (every process builds the same
+/// process asks for the same mesh, device type (`device_type`, the inner backend's device) and
+/// [`reduction`]. Collective over the world (every process builds the same
 /// meshes in the same order); cached per `(axes, local, engine)`. `engine` is the
 /// cross-process engine ([`crate::collective::engine::across_engine`]): its name, agreed on
 /// with the mesh, and how an axis group is made from its MPI group (`None`: MPI itself).
@@ -485,6 +638,7 @@ pub(crate) fn grid(
     axes: &[(String, usize)],
     local: usize,
     world: &World,
+    device_type: &'static str,
     (engine, wrap): (&'static str, Option<crate::collective::engine::AcrossWrap>),
 ) -> Result<ProcessGrid> {
     let key = (axes.to_vec(), local, engine);
@@ -498,9 +652,17 @@ pub(crate) fn grid(
         .map(|(a, s)| format!("{a}={s}"))
         .collect::<Vec<_>>()
         .join(",");
-    world.agree(
+    // Everything that shapes the collective sequence and the bytes on the wire: a difference
+    // here would surface later as a raw engine error (MPI_ERR_TRUNCATE) or a hang.
+    world.agree_fields(
         "mesh",
-        &format!("{desc} with {local} devices per process, engine {engine}"),
+        &[
+            ("mesh axes", desc.clone()),
+            ("devices per process", local.to_string()),
+            ("device type", device_type.to_string()),
+            ("cross-process engine", engine.to_string()),
+            ("reduction", format!("{:?}", reduction())),
+        ],
     )?;
     let err = |reason: String| DTensorError::ProcessGrid {
         mesh: desc.clone(),
