@@ -258,6 +258,13 @@ impl World {
 }
 
 static WORLD: OnceLock<std::result::Result<World, DTensorError>> = OnceLock::new();
+/// The world group as soon as the engine has started, before [`WORLD`] is set: what
+/// [`abort_job`] ends the job through when a fault hits during the rest of start-up (where
+/// calling [`init`] again would re-enter its initialisation).
+static STARTED: OnceLock<Arc<dyn ProcessGroup>> = OnceLock::new();
+/// Set when [`init`] is entered: from then on [`abort_job`] never calls it (it is running, so a
+/// call would re-enter it, or it has finished and [`WORLD`] holds its outcome).
+static INIT_ENTERED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Joins the SPMD world once per process (later calls return the same world): the MPI world
 /// when the launch environment ([`LaunchEnv::detect`]) says this process is one of several,
@@ -274,10 +281,12 @@ static WORLD: OnceLock<std::result::Result<World, DTensorError>> = OnceLock::new
 pub fn init() -> Result<&'static World> {
     WORLD
         .get_or_init(|| {
+            INIT_ENTERED.store(true, std::sync::atomic::Ordering::Release);
             let launch = LaunchEnv::detect()?;
             launch.joinable()?;
             let group = if launch.is_multi_process() {
                 let g = start_watched(&launch)?;
+                let _ = STARTED.set(g.clone());
                 if launch.size.is_some_and(|s| s != g.size()) {
                     return Err(launch.world_mismatch(g.size()));
                 }
@@ -324,24 +333,35 @@ fn joined() -> Option<&'static World> {
 /// collective or start-up; applications call it for their own errors after start-up.
 pub fn abort_job(message: &str, code: i32) -> ! {
     let code = if code == 0 { 1 } else { code };
-    let world = joined().or_else(|| {
-        LaunchEnv::detect()
-            .ok()
-            .filter(|l| l.is_multi_process() && l.joinable().is_ok())
-            .and_then(|_| init().ok())
-    });
-    let who = match world {
-        Some(w) => format!(
+    let group = joined()
+        .and_then(World::group)
+        .or_else(|| STARTED.get())
+        .cloned()
+        .or_else(|| {
+            // Not started: join first (unless this is start-up itself failing), so that the
+            // peers are ended too.
+            if INIT_ENTERED.load(std::sync::atomic::Ordering::Acquire) {
+                return None;
+            }
+            LaunchEnv::detect()
+                .ok()
+                .filter(|l| l.is_multi_process() && l.joinable().is_ok())
+                .and_then(|_| init().ok())
+                .and_then(World::group)
+                .cloned()
+        });
+    let who = match &group {
+        Some(g) => format!(
             "rank {} of {}, pid {} on {}",
-            w.rank(),
-            w.size(),
+            g.rank(),
+            g.size(),
             std::process::id(),
             hostname()
         ),
         None => format!("pid {}", std::process::id()),
     };
     eprintln!("burn-dtensor [{who}]: {message}");
-    match world.and_then(World::group) {
+    match group {
         Some(g) => g.abort(code),
         None => std::process::exit(code),
     }
