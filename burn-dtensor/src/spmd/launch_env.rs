@@ -96,11 +96,7 @@ impl LaunchEnv {
     /// # Errors
     /// As [`LaunchEnv::detect`].
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
-        let host = || {
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|s| s.trim().to_string())
-                .unwrap_or_else(|_| "?".into())
-        };
+        let host = super::hostname;
         let evidence = std::cell::RefCell::new(Vec::new());
         let num = |k: &str| -> Result<Option<usize>> {
             let Some(v) = get(k) else { return Ok(None) };

@@ -163,17 +163,11 @@ impl World {
             .map(|(k, v)| encode(k.as_ref(), v))
             .collect::<Vec<_>>()
             .join("\u{1e}");
-        let label = format!("start-up check of the {what}");
-        let lens = g.all_gather(
-            &(mine.len() as u64).to_le_bytes(),
-            &vec![8; g.size()],
-            &label,
+        let all = gather_bytes(
+            g.as_ref(),
+            mine.as_bytes(),
+            &format!("start-up check of the {what}"),
         );
-        let counts: Vec<usize> = lens
-            .chunks(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap()) as usize)
-            .collect();
-        let all = g.all_gather(mine.as_bytes(), &counts, &label);
         let decode = |b: &[u8]| -> Vec<(String, String)> {
             String::from_utf8_lossy(b)
                 .split('\u{1e}')
@@ -198,10 +192,8 @@ impl World {
             Some(v) => format!("`{v}`"),
         };
         let ours = decode(mine.as_bytes());
-        let mut at = 0;
-        for (r, &n) in counts.iter().enumerate() {
-            let theirs = decode(&all[at..at + n]);
-            at += n;
+        for (r, bytes) in all.iter().enumerate() {
+            let theirs = decode(bytes);
             let names = ours.iter().chain(&theirs).map(|(k, _)| k.as_str());
             for k in names {
                 let a = ours.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
@@ -441,27 +433,38 @@ fn engine() -> Result<Arc<dyn ProcessGroup>> {
     ))
 }
 
-fn hostname() -> String {
+/// This machine's host name (`?` when unreadable).
+pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "?".into())
 }
 
-fn exchange_peers(g: &dyn ProcessGroup, me: &Peer) -> Vec<Peer> {
-    let mine = format!("{}\t{}", me.pid, me.host);
-    let len = (mine.len() as u64).to_le_bytes();
-    let lens = g.all_gather(&len, &vec![8; g.size()], "start-up exchange of the peers");
+/// Every member's `mine` (any length), in rank order: the lengths, then the bytes (two
+/// all-gathers).
+fn gather_bytes(g: &dyn ProcessGroup, mine: &[u8], what: &str) -> Vec<Vec<u8>> {
+    let lens = g.all_gather(&(mine.len() as u64).to_le_bytes(), &vec![8; g.size()], what);
     let counts: Vec<usize> = lens
         .chunks(8)
         .map(|c| u64::from_le_bytes(c.try_into().unwrap()) as usize)
         .collect();
-    let all = g.all_gather(mine.as_bytes(), &counts, "start-up exchange of the peers");
+    let all = g.all_gather(mine, &counts, what);
     let mut at = 0;
     counts
         .iter()
         .map(|&n| {
-            let s = String::from_utf8_lossy(&all[at..at + n]).to_string();
             at += n;
+            all[at - n..at].to_vec()
+        })
+        .collect()
+}
+
+fn exchange_peers(g: &dyn ProcessGroup, me: &Peer) -> Vec<Peer> {
+    let mine = format!("{}\t{}", me.pid, me.host);
+    gather_bytes(g, mine.as_bytes(), "start-up exchange of the peers")
+        .iter()
+        .map(|b| {
+            let s = String::from_utf8_lossy(b);
             let (pid, host) = s.split_once('\t').unwrap_or(("0", "?"));
             Peer {
                 host: host.to_string(),
