@@ -35,6 +35,11 @@ pub struct RunFlags {
     /// Inner backend.
     #[arg(long, value_enum, default_value = "ndarray")]
     pub backend: BackendKind,
+    /// The inner device of each process: `auto` (a GPU backend takes the GPU the resource
+    /// spec assigns, else that of the process's local rank on its node; CPU backends their one
+    /// device) or a device index of the backend.
+    #[arg(long, default_value = "auto")]
+    pub device: train::DeviceChoice,
     /// Total epochs.
     #[arg(long, default_value_t = 2)]
     pub epochs: usize,
@@ -107,12 +112,24 @@ impl RunFlags {
     /// # Errors
     /// A malformed mesh or layout map, a mesh/device-count mismatch, an axis the mesh lacks.
     pub fn distributed<I: Backend>(&self) -> Result<Distributed<I>, AppError> {
+        self.distributed_on::<I>(train::process_device::<I>(self.device)?)
+    }
+
+    /// As [`RunFlags::distributed`] on the inner `device` given (the flags are validated on
+    /// NdArray's one device before the data loads, whatever `--backend` and `--device` say).
+    ///
+    /// # Errors
+    /// As [`RunFlags::distributed`], but for the device.
+    pub fn distributed_on<I: Backend>(
+        &self,
+        device: I::Device,
+    ) -> Result<Distributed<I>, AppError> {
         let (mesh, map) = train::mesh_and_layout_map(
             self.mode,
             self.mesh.as_deref(),
             self.layout_map.as_deref(),
         )?;
-        Distributed::<I>::new(&mesh, self.devices, train::process_device::<I>(), map)
+        Distributed::<I>::new(&mesh, self.devices, device, map)
     }
 
     /// Prints the mesh of `p` and, with `--show-layouts`, every parameter's and the input
@@ -131,11 +148,26 @@ impl RunFlags {
                 world.engine(),
                 self.devices / world.size()
             );
+            let mut hosts: Vec<String> = Vec::new();
+            for h in world.hosts() {
+                if !hosts.contains(&h) {
+                    hosts.push(h);
+                }
+            }
+            crate::say!(
+                "launched by {}: {} processes on {} node(s) ({}); rank 0 on {:?}",
+                world.launch().source,
+                world.size(),
+                hosts.len(),
+                hosts.join(", "),
+                p.mesh.devices()[0]
+            );
         } else {
             crate::say!(
-                "mesh [{}] over {} virtual {backend} devices",
+                "mesh [{}] over {} virtual {backend} devices on {:?}",
                 p.mesh,
-                self.devices
+                self.devices,
+                p.mesh.devices()[0]
             );
         }
         if self.show_layouts {
@@ -313,7 +345,7 @@ fn with_backend<I: Backend>(
     data: &Prepared,
 ) -> Result<(), AppError> {
     if args.run.mode == Mode::Single {
-        let device = I::Device::default();
+        let device = train::process_device::<I>(args.run.device)?;
         return run(&Single::<I> { device }, args, cfg, data);
     }
     let p = args.run.distributed::<I>()?;
@@ -420,7 +452,9 @@ pub fn run_args(args: Args) -> Result<(), AppError> {
         loaded.check(&crate::checkpoint::param_shapes(&fresh), cfg.optimizer)?;
     }
     if args.run.mode != Mode::Single {
-        let p = args.run.distributed::<burn::backend::NdArray>()?;
+        let p = args
+            .run
+            .distributed_on::<burn::backend::NdArray>(Default::default())?;
         train::check_batch(cfg.batch_size, p.batch_axis(), cfg.drop_policy)?;
         // Rules that match no parameter, or of the wrong rank, fail here too (the parameters
         // are lazy: nothing is allocated).

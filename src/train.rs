@@ -753,20 +753,81 @@ fn train_with<P: Placement, O: Optimizer<ImdbMlp<P::AD>, P::AD>>(
     Ok((summary, model))
 }
 
-/// The inner device of this process: the GPU its launch assigns
-/// ([`burn_dtensor::spmd::LaunchEnv::gpu`]: a resource spec's `gpus[local rank]`) as that index
-/// of the default device's type (a CUDA ordinal; CPU backends have one device), else the
-/// backend's default device.
-pub fn process_device<I: Backend>() -> I::Device {
+/// Which inner device a process trains on (`--device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceChoice {
+    /// A GPU backend takes the GPU the resource spec assigns this rank (`gpus`), else, in a
+    /// multi-process run, the GPU of its local rank on its node (`srun`, `mpirun`: local rank
+    /// `i` takes GPU `i` of those visible, e.g. of Slurm's `CUDA_VISIBLE_DEVICES`); a CPU
+    /// backend, or a run of one process, its default device.
+    #[default]
+    Auto,
+    /// The backend's device of this index (of its default device type).
+    Index(usize),
+}
+
+impl std::str::FromStr for DeviceChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            n => n
+                .parse()
+                .map(Self::Index)
+                .map_err(|_| format!("`{s}` is neither `auto` nor a device index (0, 1, ...)")),
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Auto => write!(f, "auto"),
+            Self::Index(i) => write!(f, "{i}"),
+        }
+    }
+}
+
+/// This process's inner device for `choice` ([`DeviceChoice`]): the launch environment
+/// ([`burn_dtensor::spmd::LaunchEnv`]) gives the local rank and any GPU the resource spec
+/// assigned; a GPU ([`burn_dtensor::spmd::exclusive_device`]) is taken by index among the
+/// backend's devices of the default device's type.
+///
+/// # Errors
+/// [`AppError::Config`] when the index is not a device of the backend on this node (more
+/// processes on a node than GPUs, or a wrong `--device`), naming the count and the fix.
+pub fn process_device<I: Backend>(choice: DeviceChoice) -> Result<I::Device, AppError> {
     use burn::tensor::backend::{Device, DeviceId};
     let default = I::Device::default();
-    match burn_dtensor::spmd::LaunchEnv::detect()
-        .ok()
-        .and_then(|l| l.gpu)
-    {
-        Some(g) => I::Device::from_id(DeviceId::new(default.to_id().type_id, g as u16)),
-        None => default,
+    let launch = burn_dtensor::spmd::LaunchEnv::detect().ok();
+    let pick = match (choice, &launch) {
+        (DeviceChoice::Index(i), _) => Some((i, "`--device`".to_string())),
+        (DeviceChoice::Auto, Some(l)) => match l.gpu {
+            Some(g) => Some((g, "the resource spec's `gpus`".to_string())),
+            None if l.is_multi_process() && burn_dtensor::spmd::exclusive_device(&default) => {
+                Some((
+                    l.local_rank,
+                    format!("local rank {} of {}", l.local_rank, l.source),
+                ))
+            }
+            None => None,
+        },
+        (DeviceChoice::Auto, None) => None,
+    };
+    let Some((index, why)) = pick else {
+        return Ok(default);
+    };
+    let type_id = default.to_id().type_id;
+    let count = I::device_count(type_id);
+    if index >= count {
+        return Err(AppError::Config(format!(
+            "device {index} (from {why}) does not exist: the {} backend sees {count} device(s) \
+             like {default:?} here; start at most {count} process(es) per node (`srun \
+             --ntasks-per-node`, the resource spec's `gpus`) or pick one with `--device N`",
+            I::name(&default)
+        )));
     }
+    Ok(I::Device::from_id(DeviceId::new(type_id, index as u16)))
 }
 
 /// The model a run starts from: the backend seeded with `seed`, a fresh [`ImdbMlp`] on the

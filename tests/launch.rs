@@ -2,6 +2,8 @@
 //! run of `imdb_mlp` started by `examples/launch.rs` from a spec of one localhost node.
 
 mod common;
+#[path = "common/slurm.rs"]
+mod slurm;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -90,7 +92,12 @@ fn the_chief_gets_rank_0_in_the_hostfile() {
     assert_eq!(s.hostfile(), "10.0.0.2 slots=3\n10.0.0.1 slots=2\n");
     let cmd = format!(
         "{:?}",
-        s.mpirun(std::path::Path::new("/tmp/h"), "prog", &["--x".into()])
+        s.mpirun(
+            std::path::Path::new("/tmp/h"),
+            None,
+            "prog",
+            &["--x".into()]
+        )
     );
     assert!(
         cmd.contains("\"--hostfile\" \"/tmp/h\" \"-np\" \"5\" \"-x\" \"BURN_DTENSOR_RANK_GPUS=0,1,2,-,-\" \"--mca\" \"btl\" \"self,tcp\" \"prog\" \"--x\""),
@@ -109,7 +116,10 @@ fn each_rank_takes_the_gpu_of_its_local_rank() {
     )
     .unwrap();
     assert_eq!(s.rank_gpus().as_deref(), Some("2,3,-,-"));
-    let cmd = format!("{:?}", s.mpirun(std::path::Path::new("/h"), "prog", &[]));
+    let cmd = format!(
+        "{:?}",
+        s.mpirun(std::path::Path::new("/h"), None, "prog", &[])
+    );
     assert!(
         cmd.contains("\"-x\" \"BURN_DTENSOR_RANK_GPUS=2,3,-,-\""),
         "{cmd}"
@@ -133,7 +143,13 @@ fn each_rank_takes_the_gpu_of_its_local_rank() {
     // CPU-only specs export nothing.
     let cpu = ResourceSpec::parse("[[nodes]]\naddress = \"a\"\nprocesses = 2\n", "t").unwrap();
     assert_eq!(cpu.rank_gpus(), None);
-    assert!(!format!("{:?}", cpu.mpirun(std::path::Path::new("/h"), "p", &[])).contains("-x"));
+    assert!(
+        !format!(
+            "{:?}",
+            cpu.mpirun(std::path::Path::new("/h"), None, "p", &[])
+        )
+        .contains("-x")
+    );
 }
 
 /// `launch --dry-run` prints the hostfile and the command and writes nothing: the temporary
@@ -161,7 +177,12 @@ fn dry_run_leaves_nothing_behind() {
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{text}");
     assert!(
-        text.contains("n1 slots=2\nn2 slots=2\n") && text.contains("\"-np\" \"4\""),
+        text.contains("n1 slots=2\nn2 slots=2\n")
+            && text.contains(" -np 4 prog --mode data\n")
+            && text.contains(
+                "# the same run in a Slurm allocation: srun --mpi=pmix --nodes=2 \
+                 --ntasks-per-node=2 prog --mode data\n"
+            ),
         "{text}"
     );
     let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().collect();
@@ -202,34 +223,29 @@ fn launch_runs_imdb_mlp_on_a_localhost_spec() {
     )
     .unwrap();
     let out = dir.join("s.json");
-    let o = Command::new("timeout")
-        .arg("300")
-        .arg(&launch)
-        .arg("--spec")
-        .arg(&spec)
-        .arg("--")
-        .arg(&imdb)
-        .args([
-            "--mode",
-            "data",
-            "--epochs",
-            "1",
-            "--max-steps",
-            "5",
-            "--no-eval",
-        ])
-        .arg("--data")
-        .arg(&data)
-        .arg("--summary-json")
-        .arg(&out)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
+    let (ok, text) = output_of(
+        Command::new("timeout")
+            .arg("300")
+            .arg(&launch)
+            .arg("--spec")
+            .arg(&spec)
+            .arg("--")
+            .arg(&imdb)
+            .args([
+                "--mode",
+                "data",
+                "--epochs",
+                "1",
+                "--max-steps",
+                "5",
+                "--no-eval",
+            ])
+            .arg("--data")
+            .arg(&data)
+            .arg("--summary-json")
+            .arg(&out),
     );
-    assert!(o.status.success(), "{text}");
+    assert!(ok, "{text}");
     assert!(
         text.contains("launching 2 processes on 1 node(s)"),
         "{text}"
@@ -520,6 +536,15 @@ fn a_launch_the_process_cannot_join_is_an_error() {
             &[("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0")],
             "burn-dtensor joins MPI launches, not torchrun's rendezvous",
         ),
+        (
+            &[
+                ("SLURM_JOB_ID", "7"),
+                ("SLURM_STEP_ID", "0"),
+                ("SLURM_PROCID", "1"),
+                ("SLURM_NTASKS", "2"),
+            ],
+            "srun started it without a PMI server (no PMIX_RANK)",
+        ),
     ];
     for (vars, says) in cases {
         let mut c = Command::new("timeout");
@@ -561,4 +586,313 @@ fn a_launch_the_process_cannot_join_is_an_error() {
         text.contains("--mode single trains the bare backend in one process"),
         "{text}"
     );
+}
+
+/// The Slurm forms of a spec: resources as `sbatch`/`srun` options, the batch script with its
+/// `srun --mpi=pmix` step (arguments quoted for the shell), and the typed error for nodes that
+/// one job step cannot describe.
+#[test]
+fn a_spec_gives_the_slurm_batch_script_and_srun_command() {
+    let s = ResourceSpec::parse(
+        "[[nodes]]\naddress = \"g1\"\ngpus = [0, 1]\n\
+         [[nodes]]\naddress = \"g2\"\ngpus = [0, 1]\nchief = true\n\
+         [slurm]\npartition = \"gpu\"\ntime = \"01:30:00\"\nnodelist = true\n\
+         output = \"run-%j.log\"\nargs = [\"--mem=16G\"]\n",
+        "t",
+    )
+    .unwrap();
+    let args = vec![
+        "--mode".to_string(),
+        "data".into(),
+        "--data".into(),
+        "/a b/x.tgz".into(),
+    ];
+    let script = s.slurm_script(Some(4), "/bin/imdb_mlp", &args).unwrap();
+    let expected = "#!/bin/bash\n\
+        # Written by burn-dtensor's `launch --slurm-script` from a resource spec.\n\
+        #SBATCH --job-name=burn-dtensor\n\
+        #SBATCH --output=run-%j.log\n\
+        #SBATCH --nodes=2\n\
+        #SBATCH --ntasks-per-node=2\n\
+        #SBATCH --gres=gpu:2\n\
+        #SBATCH --cpus-per-task=4\n\
+        #SBATCH --nodelist=g2,g1\n\
+        #SBATCH --partition=gpu\n\
+        #SBATCH --time=01:30:00\n\
+        #SBATCH --mem=16G\n\
+        srun --mpi=pmix --cpu-bind=cores /bin/imdb_mlp --mode data --data '/a b/x.tgz'\n";
+    assert_eq!(script, expected);
+    let srun = burn_dtensor::launch::command_line(&s.srun(None, "p", &[]).unwrap());
+    assert_eq!(
+        srun,
+        "srun --mpi=pmix --nodes=2 --ntasks-per-node=2 --gres=gpu:2 --nodelist=g2,g1 \
+         --partition=gpu --time=01:30:00 p"
+    );
+    let uneven = ResourceSpec::parse(
+        "[[nodes]]\naddress = \"a\"\nprocesses = 2\n[[nodes]]\naddress = \"b\"\nprocesses = 1\n",
+        "t",
+    )
+    .unwrap();
+    let e = uneven.slurm_script(None, "p", &[]).unwrap_err().to_string();
+    assert!(
+        e.contains("node 1 (`b`) has 1 processes") && e.contains("same task and GPU count"),
+        "{e}"
+    );
+    refused(
+        "[[nodes]]\naddress = \"a\"\nprocesses = 1\n[slurm]\nqueue = \"x\"\n",
+        "unknown field `queue`",
+    );
+}
+
+/// `launch --help` lists the Slurm options and the core binding.
+#[test]
+fn launch_help_lists_the_slurm_options() {
+    let o = Command::new(example("launch"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    for flag in [
+        "--srun",
+        "--slurm-script <FILE>",
+        "--sbatch",
+        "--wait",
+        "--cpus-per-process",
+    ] {
+        assert!(text.contains(flag), "`{flag}` missing from:\n{text}");
+    }
+}
+
+/// The CPU sets of the processes a launch starts, from a program that prints
+/// `Cpus_allowed_list` (Linux).
+fn cpu_sets(output: &str) -> Vec<String> {
+    let mut v: Vec<String> = output
+        .lines()
+        .filter_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|l| l.trim().to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+fn write_spec(dir: &std::path::Path, text: &str) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let spec = dir.join("spec.toml");
+    std::fs::write(&spec, text).unwrap();
+    spec
+}
+
+/// `--cpus-per-process 1` under mpirun binds each of two processes to its own core (read back
+/// from the kernel: `Cpus_allowed_list` of each).
+#[test]
+fn cpus_per_process_binds_each_process_to_its_own_cores() {
+    if !mpi_ready() {
+        return;
+    }
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        println!("skipped: one core, two processes cannot each have their own");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("launch-bind-{}", std::process::id()));
+    let spec = write_spec(&dir, "[[nodes]]\naddress = \"localhost\"\nprocesses = 2\n");
+    let (ok, text) = output_of(
+        Command::new("timeout")
+            .args(["60"])
+            .arg(example("launch"))
+            .arg("--spec")
+            .arg(&spec)
+            .args([
+                "--cpus-per-process",
+                "1",
+                "--",
+                "grep",
+                "Cpus_allowed_list",
+                "/proc/self/status",
+            ]),
+    );
+    assert!(ok, "{text}");
+    assert!(text.contains("--map-by slot:PE=1 --bind-to core"), "{text}");
+    let sets = cpu_sets(&text);
+    assert_eq!(sets.len(), 2, "{text}");
+    assert!(
+        sets[0] != sets[1] && sets.iter().all(|s| s.parse::<usize>().is_ok()),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The train losses of a run's `--summary-json`.
+fn losses(path: &std::path::Path) -> Vec<f64> {
+    let s: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+    )
+    .unwrap();
+    s["train_losses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect()
+}
+
+fn output_of(c: &mut Command) -> (bool, String) {
+    let o = c.output().unwrap();
+    (
+        o.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+    )
+}
+
+/// A real single-node Slurm cluster (munge, slurmctld, slurmd from Debian's packages, started
+/// here): `srun -n 2 --mpi=pmix imdb_mlp --mode data`, the launcher's batch script through
+/// `sbatch`, and the launcher's `srun` with one core per process all give the one-process run's
+/// losses bitwise; `srun` without PMIx is refused with the fix; Slurm's core binding holds.
+#[test]
+fn a_real_slurm_cluster_runs_imdb_mlp_as_the_one_process_run() {
+    let Some(data) = common::archive() else {
+        return;
+    };
+    if !mpi_ready() {
+        return;
+    }
+    let Some(cluster) = slurm::cluster() else {
+        return;
+    };
+    let dir = cluster.dir.join("runs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let imdb = example("imdb_mlp");
+    let flags = |json: &str| -> Vec<String> {
+        let mut v = imdb_flags(&data, &["--epochs", "1", "--summary-json"]);
+        v.push(dir.join(json).display().to_string());
+        v
+    };
+    let (ok, text) = output_of(
+        Command::new("timeout")
+            .arg("300")
+            .arg(&imdb)
+            .args(flags("one.json")),
+    );
+    assert!(ok, "{text}");
+    let one = losses(&dir.join("one.json"));
+    assert_eq!(one.len(), 5);
+
+    // srun by hand, as a user inside an allocation would type it.
+    let (ok, text) = output_of(
+        cluster
+            .command("timeout")
+            .args(["300", "srun", "-n", "2", "--mpi=pmix"])
+            .arg(&imdb)
+            .args(flags("srun.json")),
+    );
+    assert!(ok, "{text}\n{}", cluster.logs());
+    assert!(
+        text.contains("launched by Slurm (srun): 2 processes on 1 node(s)")
+            && text
+                .contains("mesh [batch=8] over 2 processes (mpi) x 4 virtual ndarray devices each"),
+        "{text}"
+    );
+    assert_eq!(
+        losses(&dir.join("srun.json")),
+        one,
+        "srun -n 2 vs one process"
+    );
+
+    // A step without PMI: each task would start a world of one; refused, with the fix.
+    let (ok, text) = output_of(
+        cluster
+            .command("timeout")
+            .args(["120", "srun", "-n", "2", "--mpi=none"])
+            .arg(&imdb)
+            .args(flags("none.json")),
+    );
+    assert!(
+        !ok && text.contains("without a PMI server") && text.contains("srun --mpi=pmix"),
+        "{text}"
+    );
+    assert!(!dir.join("none.json").exists());
+
+    // The launcher's batch script, submitted and waited for.
+    let spec = write_spec(
+        &dir,
+        &format!(
+            "[[nodes]]\naddress = \"{}\"\nprocesses = 2\n[slurm]\noutput = \"{}/job-%j.out\"\ntime = \"10\"\n",
+            cluster.node,
+            dir.display()
+        ),
+    );
+    let script = dir.join("job.sh");
+    let (ok, text) = output_of(
+        cluster
+            .command("timeout")
+            .arg("300")
+            .arg(example("launch"))
+            .arg("--spec")
+            .arg(&spec)
+            .arg("--slurm-script")
+            .arg(&script)
+            .args(["--sbatch", "--wait", "--"])
+            .arg(&imdb)
+            .args(flags("sbatch.json")),
+    );
+    let jobs: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("job-"))
+        })
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect();
+    assert!(ok, "{text}\njob output: {jobs:?}\n{}", cluster.logs());
+    assert!(text.contains("Submitted batch job"), "{text}");
+    assert!(
+        std::fs::read_to_string(&script)
+            .unwrap()
+            .contains("#SBATCH --ntasks-per-node=2"),
+        "the script is kept where --slurm-script says"
+    );
+    assert!(
+        jobs.len() == 1 && jobs[0].contains("launched by Slurm (srun): 2 processes"),
+        "{jobs:?}"
+    );
+    assert_eq!(
+        losses(&dir.join("sbatch.json")),
+        one,
+        "sbatch vs one process"
+    );
+
+    // The launcher's srun with one core per process: bound by Slurm, same losses.
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2 {
+        let bound_srun = |program: &[&std::ffi::OsStr]| {
+            let mut c = cluster.command("timeout");
+            c.arg("300")
+                .arg(example("launch"))
+                .arg("--spec")
+                .arg(&spec)
+                .args(["--srun", "--cpus-per-process", "1", "--"])
+                .args(program);
+            output_of(&mut c)
+        };
+        let (ok, text) = bound_srun(
+            &["grep", "Cpus_allowed_list", "/proc/self/status"].map(std::ffi::OsStr::new),
+        );
+        assert!(ok, "{text}");
+        let sets = cpu_sets(&text);
+        assert!(sets.len() == 2 && sets[0] != sets[1], "{text}");
+        let mut program = vec![imdb.clone().into_os_string()];
+        program.extend(flags("bound.json").into_iter().map(Into::into));
+        let refs: Vec<&std::ffi::OsStr> = program.iter().map(|a| a.as_os_str()).collect();
+        let (ok, text) = bound_srun(&refs);
+        assert!(ok, "{text}\n{}", cluster.logs());
+        assert_eq!(
+            losses(&dir.join("bound.json")),
+            one,
+            "launch --srun vs one process"
+        );
+    }
 }

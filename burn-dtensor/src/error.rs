@@ -203,6 +203,24 @@ pub enum DTensorError {
         /// Its value (or hash).
         theirs: String,
     },
+    /// Two processes of an SPMD run on one host hold the same GPU
+    /// ([`crate::spmd::World::claim_devices`]).
+    #[error(
+        "ranks {first} and {second} on host {host} both use {device}: a GPU serves one process. \
+         Start at most one process per GPU of a node (`srun --ntasks-per-node` = GPUs per node, \
+         the resource spec's `gpus`), let each process take the GPU of its local rank \
+         (`--device auto`), or give each its own with `--device N` / `CUDA_VISIBLE_DEVICES`"
+    )]
+    SharedDevice {
+        /// The device, as its `Debug` form.
+        device: String,
+        /// The host both processes run on.
+        host: String,
+        /// The lower rank.
+        first: usize,
+        /// The rank that also holds it.
+        second: usize,
+    },
     /// A resource spec file ([`crate::launch::ResourceSpec`]) that cannot be used.
     #[error("resource spec `{path}`: {reason}")]
     ResourceSpec {

@@ -15,6 +15,23 @@ pub fn threads_for<B>() -> bool {
     name.starts_with("burn_ndarray::") || name.starts_with("burn_flex::")
 }
 
+/// Whether `device` is one a process must hold alone when several processes share a host: a
+/// GPU (CUDA, ROCm, or a discrete or integrated adapter under Wgpu). Two processes on one GPU
+/// share its memory and serialise on it, and NCCL refuses them only inside the first
+/// collective. Host devices (NdArray's and Flex's `Cpu`, Wgpu's CPU and default adapters) may be
+/// shared. Read from the device's type name and `Debug` form, as everything in this module.
+pub fn exclusive_device<D: std::fmt::Debug>(device: &D) -> bool {
+    let name = std::any::type_name::<D>();
+    if name.starts_with("cubecl_cuda::") || name.starts_with("cubecl_hip::") {
+        return true;
+    }
+    if name.starts_with("cubecl_wgpu::") {
+        let d = format!("{device:?}");
+        return d.starts_with("DiscreteGpu") || d.starts_with("IntegratedGpu");
+    }
+    false
+}
+
 /// Whether inner backend `B` runs a broadcasting element-wise op above rank 2 faster on
 /// materialised operands: Flex only. Its fast paths cover same-shape operands and row
 /// broadcasts; a model-parallel bias (`[4, 2, 16, 24] + [1, 2, 1, 24]`) otherwise walks its
@@ -49,5 +66,23 @@ mod tests {
         assert!(super::prefer_dense::<Flex>() && !super::prefer_dense::<NdArray>());
         assert!(super::reshape_copies::<NdArray>() && !super::reshape_copies::<Flex>());
         assert!(!super::prefer_dense::<crate::DistributedBackend<Flex>>());
+    }
+
+    #[test]
+    fn only_gpus_are_exclusive_devices() {
+        use burn::backend::ndarray::NdArrayDevice;
+        assert!(!super::exclusive_device(&NdArrayDevice::Cpu));
+        #[cfg(feature = "wgpu")]
+        {
+            use burn::backend::wgpu::WgpuDevice;
+            assert!(super::exclusive_device(&WgpuDevice::DiscreteGpu(0)));
+            assert!(super::exclusive_device(&WgpuDevice::IntegratedGpu(1)));
+            assert!(!super::exclusive_device(&WgpuDevice::Cpu));
+            assert!(!super::exclusive_device(&WgpuDevice::DefaultDevice));
+        }
+        #[cfg(feature = "cuda")]
+        assert!(super::exclusive_device(&burn::backend::cuda::CudaDevice {
+            index: 0
+        }));
     }
 }

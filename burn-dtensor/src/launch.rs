@@ -15,7 +15,18 @@
 //!
 //! [mpi]
 //! args = ["--mca", "btl", "self,tcp"]   # extra mpirun arguments (optional)
+//!
+//! [slurm]                  # only for sbatch / srun (all optional)
+//! partition = "gpu"
+//! time = "01:00:00"        # Slurm's --time
 //! ```
+//!
+//! On a Slurm cluster the same spec gives a batch script ([`ResourceSpec::slurm_script`]: one
+//! job of `--nodes` x `--ntasks-per-node` tasks, `--gres=gpu:N` for GPU nodes, whose `srun
+//! --mpi=pmix` starts the program) or an `srun` command for an existing allocation
+//! ([`ResourceSpec::srun`]). Slurm chooses the nodes (the addresses are used only with
+//! `nodelist = true`) and the GPUs: each process takes the GPU of its local rank among those
+//! Slurm makes visible, so `gpus` counts GPUs there.
 //!
 //! [`ResourceSpec::hostfile`] gives the OpenMPI hostfile (`address slots=n`, the chief first so
 //! that it gets rank 0) and [`ResourceSpec::mpirun`] the command. With `gpus`, the command
@@ -69,6 +80,30 @@ pub struct MpiOptions {
     pub args: Vec<String>,
 }
 
+/// Settings of the Slurm job ([`ResourceSpec::slurm_script`], [`ResourceSpec::srun`]), each an
+/// `sbatch`/`srun` option of the same name.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SlurmOptions {
+    /// `--partition`.
+    pub partition: Option<String>,
+    /// `--time`, the job's time limit in Slurm's forms (`minutes`, `HH:MM:SS`, `D-HH:MM:SS`).
+    pub time: Option<String>,
+    /// `--job-name` (default `burn-dtensor`).
+    pub job_name: Option<String>,
+    /// `--account`.
+    pub account: Option<String>,
+    /// `--output`, the job's output file (default `burn-dtensor-%j.out`, `%j` the job id).
+    pub output: Option<String>,
+    /// Pin the job to the spec's addresses as Slurm node names (`--nodelist`); by default Slurm
+    /// picks the nodes.
+    #[serde(default)]
+    pub nodelist: bool,
+    /// Extra `sbatch` options, one per `#SBATCH` line (`["--mem=16G"]`).
+    #[serde(default)]
+    pub args: Vec<String>,
+}
+
 /// A cluster description: nodes with their addresses and devices, and which one is the chief.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -78,6 +113,9 @@ pub struct ResourceSpec {
     /// `mpirun` settings.
     #[serde(default)]
     pub mpi: MpiOptions,
+    /// Slurm settings (for `sbatch` / `srun` only).
+    #[serde(default)]
+    pub slurm: SlurmOptions,
 }
 
 /// The variable [`ResourceSpec::mpirun`] exports when nodes list `gpus`: every rank's GPU index,
@@ -275,8 +313,15 @@ impl ResourceSpec {
     /// The `mpirun` command that starts `program args..` on every slot, with `hostfile` (the
     /// text of [`ResourceSpec::hostfile`] written to a file) and the spec's extra arguments,
     /// exporting [`RANK_GPUS_VAR`] when nodes list GPUs. Adds `--allow-run-as-root` when
-    /// running as root.
-    pub fn mpirun(&self, hostfile: &Path, program: &str, args: &[String]) -> Command {
+    /// running as root. With `cpus_per_process`, binds each process to that many cores
+    /// (`--map-by slot:PE=n --bind-to core`).
+    pub fn mpirun(
+        &self,
+        hostfile: &Path,
+        cpus_per_process: Option<usize>,
+        program: &str,
+        args: &[String],
+    ) -> Command {
         let mut c = Command::new(self.mpi.mpirun.as_deref().unwrap_or("mpirun"));
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } == 0 {
@@ -285,10 +330,173 @@ impl ResourceSpec {
         c.arg("--hostfile")
             .arg(hostfile)
             .args(["-np", &self.world_size().to_string()]);
+        if let Some(n) = cpus_per_process {
+            c.args(["--map-by", &format!("slot:PE={n}"), "--bind-to", "core"]);
+        }
         if let Some(g) = self.rank_gpus() {
             c.args(["-x", &format!("{RANK_GPUS_VAR}={g}")]);
         }
         c.args(&self.mpi.args).arg(program).args(args);
         c
     }
+
+    /// The Slurm resource options of the spec, as `sbatch`/`srun` take them: `--nodes`,
+    /// `--ntasks-per-node` (every node's slots), `--gres=gpu:N` when nodes list GPUs,
+    /// `--cpus-per-task` with `cpus_per_process`, then the `[slurm]` settings.
+    ///
+    /// # Errors
+    /// [`DTensorError::ResourceSpec`] when nodes differ in process or GPU count (one Slurm job
+    /// step gives every node the same count).
+    pub fn slurm_options(&self, cpus_per_process: Option<usize>) -> Result<Vec<String>> {
+        let first = &self.nodes[0];
+        if let Some((i, n)) = self
+            .nodes
+            .iter()
+            .enumerate()
+            .find(|(_, n)| n.slots() != first.slots() || n.gpus.len() != first.gpus.len())
+        {
+            return Err(spec_err(
+                "<spec>",
+                format!(
+                    "node {i} (`{}`) has {} processes and {} GPUs, node 0 (`{}`) {} and {}: a \
+                     Slurm job gives every node the same task and GPU count, so make the nodes \
+                     equal (or write a heterogeneous job by hand)",
+                    n.address,
+                    n.slots(),
+                    n.gpus.len(),
+                    first.address,
+                    first.slots(),
+                    first.gpus.len()
+                ),
+            ));
+        }
+        let o = &self.slurm;
+        let mut v = vec![
+            format!("--nodes={}", self.nodes.len()),
+            format!("--ntasks-per-node={}", first.slots()),
+        ];
+        if !first.gpus.is_empty() {
+            v.push(format!("--gres=gpu:{}", first.gpus.len()));
+        }
+        if let Some(n) = cpus_per_process {
+            v.push(format!("--cpus-per-task={n}"));
+        }
+        if o.nodelist {
+            let names: Vec<&str> = self
+                .ranked_nodes()
+                .iter()
+                .map(|n| n.address.as_str())
+                .collect();
+            v.push(format!("--nodelist={}", names.join(",")));
+        }
+        for (flag, value) in [
+            ("partition", &o.partition),
+            ("time", &o.time),
+            ("account", &o.account),
+        ] {
+            if let Some(x) = value {
+                v.push(format!("--{flag}={x}"));
+            }
+        }
+        Ok(v)
+    }
+
+    /// The `srun` command that starts `program args..` as one job step over the spec's
+    /// resources ([`ResourceSpec::slurm_options`]), MPI joining through PMIx (`--mpi=pmix`),
+    /// each process bound to its cores with `cpus_per_process`. Inside an allocation (`salloc`,
+    /// a batch script) the step runs there; elsewhere `srun` makes its own job.
+    ///
+    /// # Errors
+    /// As [`ResourceSpec::slurm_options`].
+    pub fn srun(
+        &self,
+        cpus_per_process: Option<usize>,
+        program: &str,
+        args: &[String],
+    ) -> Result<Command> {
+        let mut c = Command::new("srun");
+        c.arg("--mpi=pmix")
+            .args(self.slurm_options(cpus_per_process)?);
+        if cpus_per_process.is_some() {
+            c.arg("--cpu-bind=cores");
+        }
+        c.arg(program).args(args);
+        Ok(c)
+    }
+
+    /// A batch script for `sbatch`: `#SBATCH` lines for the spec's resources
+    /// ([`ResourceSpec::slurm_options`]), the job name and output file, the `[slurm] args`, then
+    /// `srun --mpi=pmix program args..` (arguments quoted for the shell), which starts one
+    /// process per task; `sbatch` prints the job id and the run's output goes to the output file.
+    ///
+    /// # Errors
+    /// As [`ResourceSpec::slurm_options`]; [`DTensorError::ResourceSpec`] for an argument the
+    /// shell cannot quote (a NUL byte).
+    pub fn slurm_script(
+        &self,
+        cpus_per_process: Option<usize>,
+        program: &str,
+        args: &[String],
+    ) -> Result<String> {
+        let o = &self.slurm;
+        let mut lines = vec![
+            "#!/bin/bash".to_string(),
+            "# Written by burn-dtensor's `launch --slurm-script` from a resource spec.".into(),
+            format!(
+                "#SBATCH --job-name={}",
+                o.job_name.as_deref().unwrap_or("burn-dtensor")
+            ),
+            format!(
+                "#SBATCH --output={}",
+                o.output.as_deref().unwrap_or("burn-dtensor-%j.out")
+            ),
+        ];
+        for opt in self.slurm_options(cpus_per_process)?.iter().chain(&o.args) {
+            lines.push(format!("#SBATCH {opt}"));
+        }
+        let mut step = vec!["srun".to_string(), "--mpi=pmix".into()];
+        if cpus_per_process.is_some() {
+            step.push("--cpu-bind=cores".into());
+        }
+        step.push(program.to_string());
+        step.extend(args.iter().cloned());
+        lines.push(shell_line(step.iter().map(String::as_str))?);
+        Ok(lines.join("\n") + "\n")
+    }
+}
+
+/// `words` as one POSIX shell line: words of letters, digits and `-_./=:,+@%` as they are, any
+/// other quoted by `shlex` (so `--mpi=pmix` stays readable and `a b` becomes `'a b'`).
+///
+/// # Errors
+/// [`DTensorError::ResourceSpec`] for a word with a NUL byte.
+pub fn shell_line<'a>(words: impl IntoIterator<Item = &'a str>) -> Result<String> {
+    let plain = |w: &str| {
+        !w.is_empty()
+            && w.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
+    };
+    let quoted: Result<Vec<String>> = words
+        .into_iter()
+        .map(|w| {
+            if plain(w) {
+                Ok(w.to_string())
+            } else {
+                shlex::try_quote(w)
+                    .map(|q| q.into_owned())
+                    .map_err(|e| spec_err("<command>", format!("cannot quote `{w}`: {e}")))
+            }
+        })
+        .collect();
+    Ok(quoted?.join(" "))
+}
+
+/// `command` as one shell line (program and arguments quoted as [`shell_line`] does), for
+/// printing what a launcher runs.
+pub fn command_line(command: &Command) -> String {
+    let words: Vec<String> = std::iter::once(command.get_program())
+        .chain(command.get_args())
+        .map(|w| w.to_string_lossy().into_owned())
+        .collect();
+    shell_line(words.iter().map(String::as_str)).unwrap_or_else(|_| format!("{command:?}"))
 }

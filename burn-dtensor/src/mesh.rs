@@ -269,17 +269,31 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
     /// # Errors
     /// As [`Mesh::new`] for the axes; [`DTensorError::ProcessGrid`] when the processes' devices
     /// do not tile the mesh in boxes; [`DTensorError::ProcessMismatch`] when processes ask for
-    /// different meshes; [`DTensorError::Spmd`] when the world cannot start.
+    /// different meshes; [`DTensorError::SharedDevice`] when two processes of one host hold the
+    /// same GPU ([`crate::spmd::World::claim_devices`]); [`DTensorError::Spmd`] when the world
+    /// cannot start.
     pub fn spmd<S: Into<String>>(
         axes: impl IntoIterator<Item = (S, usize)>,
         local_devices: Vec<D>,
-    ) -> Result<Self> {
+    ) -> Result<Self>
+    where
+        D: fmt::Debug,
+    {
         let world = crate::spmd::init()?;
         let axes: Vec<(String, usize)> = axes.into_iter().map(|(n, s)| (n.into(), s)).collect();
         if world.size() == 1 {
             return Self::new(axes, local_devices);
         }
         check_axes(&axes)?;
+        // Before any collective of the mesh: no GPU held by two processes of one host.
+        let mut exclusive: Vec<String> = local_devices
+            .iter()
+            .filter(|d| crate::inner::exclusive_device(*d))
+            .map(|d| format!("{d:?}"))
+            .collect();
+        exclusive.sort();
+        exclusive.dedup();
+        world.claim_devices(&exclusive)?;
         let engine = crate::collective::engine::across_engine(&local_devices)?;
         let grid = crate::spmd::grid(
             &axes,
@@ -295,7 +309,10 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
     ///
     /// # Errors
     /// [`DTensorError::MeshParse`], then as [`Mesh::spmd`].
-    pub fn parse_spmd(spec: &str, local_devices: Vec<D>) -> Result<Self> {
+    pub fn parse_spmd(spec: &str, local_devices: Vec<D>) -> Result<Self>
+    where
+        D: fmt::Debug,
+    {
         Self::spmd(parse_axes(spec)?, local_devices)
     }
 

@@ -309,6 +309,10 @@ fn cat_nonempty<P: TensorMetadata>(
     }
 }
 
+// Empty shards (an uneven split leaves some devices none) never touch the device: CubeCL's
+// CUDA runtime refuses to copy a tensor with a zero dim that is not the last (its contiguous
+// strides contain 0: "the provided strides are not supported"), which left the server unusable
+// in the first GPU run. They are allocated with `*_empty` and read as empty data.
 macro_rules! kind_io {
     (float) => {
         fn cat(parts: Vec<Self::P>, dim: usize) -> Self::P {
@@ -324,9 +328,15 @@ macro_rules! kind_io {
             B::float_to_device(t, d)
         }
         fn from_data(data: TensorData, d: &B::Device) -> Self::P {
+            if data.num_elements() == 0 {
+                return B::float_empty(data.shape.clone(), d, data.dtype.into());
+            }
             B::float_from_data(data, d)
         }
         fn into_data(t: Self::P) -> TensorData {
+            if t.shape().num_elements() == 0 {
+                return TensorData::from_bytes_vec(Vec::new(), t.shape(), t.dtype());
+            }
             burn::tensor::read_sync(B::float_into_data(t)).expect("reading a float shard")
         }
         fn reshape(t: Self::P, s: Shape) -> Self::P {
@@ -353,9 +363,15 @@ macro_rules! kind_io {
             B::int_to_device(t, d)
         }
         fn from_data(data: TensorData, d: &B::Device) -> Self::P {
+            if data.num_elements() == 0 {
+                return B::int_empty(data.shape.clone(), d, data.dtype.into());
+            }
             B::int_from_data(data, d)
         }
         fn into_data(t: Self::P) -> TensorData {
+            if t.shape().num_elements() == 0 {
+                return TensorData::from_bytes_vec(Vec::new(), t.shape(), t.dtype());
+            }
             burn::tensor::read_sync(B::int_into_data(t)).expect("reading an int shard")
         }
         fn reshape(t: Self::P, s: Shape) -> Self::P {
@@ -382,9 +398,15 @@ macro_rules! kind_io {
             B::bool_to_device(t, d)
         }
         fn from_data(data: TensorData, d: &B::Device) -> Self::P {
+            if data.num_elements() == 0 {
+                return B::bool_empty(data.shape.clone(), d, data.dtype.into());
+            }
             B::bool_from_data(data, d)
         }
         fn into_data(t: Self::P) -> TensorData {
+            if t.shape().num_elements() == 0 {
+                return TensorData::from_bytes_vec(Vec::new(), t.shape(), t.dtype());
+            }
             burn::tensor::read_sync(B::bool_into_data(t)).expect("reading a bool shard")
         }
         fn reshape(t: Self::P, s: Shape) -> Self::P {

@@ -151,6 +151,7 @@ pub fn all_gather_uneven<I: Backend>(device: I::Device) {
         ([3, 4, 8], ["a", "b", "unsharded"]),
         ([2, 2, 4], ["unsharded", "b", "unsharded"]),
     ] {
+        println!("all-gather {shape:?} {spec:?}");
         let n: usize = shape.iter().product();
         let data = TensorData::new(values(n, 5), shape);
         let t: Tensor<DistributedBackend<I>, 3> =
@@ -170,6 +171,7 @@ pub fn all_gather_uneven<I: Backend>(device: I::Device) {
             );
         }
 
+        println!("all-gather {shape:?} {spec:?}, int");
         let ints = TensorData::new((0..n as i32).map(|i| i * 7 - 40).collect::<Vec<_>>(), shape);
         let t: Tensor<DistributedBackend<I>, 3, Int> =
             distribute(ints.clone(), &Layout::new(&mesh, spec).unwrap()).unwrap();

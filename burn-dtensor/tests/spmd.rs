@@ -493,6 +493,30 @@ fn start_up_checks_across_processes() {
     }
     let e = w.agree_fields("config", &fields).unwrap_err().to_string();
     assert!(e.contains("(`extra`)") && e.contains("<absent>"), "{e}");
+    // Two processes of one host on one GPU (the CPU devices here are never exclusive, so the
+    // check is driven with GPU names): refused with both ranks and the device; distinct GPUs,
+    // or none, pass.
+    assert!(!spmd::exclusive_device(&Dev::default()));
+    let e = w
+        .claim_devices(&["CudaDevice { index: 0 }".to_string()])
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        matches!(
+            e,
+            burn_dtensor::DTensorError::SharedDevice {
+                first: 0,
+                second: 1,
+                ..
+            }
+        ) && msg.contains("ranks 0 and 1 on host ")
+            && msg.contains("both use CudaDevice { index: 0 }")
+            && msg.contains("--device auto"),
+        "{msg}"
+    );
+    w.claim_devices(&[format!("CudaDevice {{ index: {} }}", w.rank())])
+        .unwrap();
+    w.claim_devices(&[]).unwrap();
     done(name);
 }
 

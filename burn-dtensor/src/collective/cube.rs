@@ -11,7 +11,9 @@
 //! - all-to-all: each device assembles its new shard from the N pieces with the same kernel.
 //!
 //! The generic path would do `N - 1` pairwise adds (each a launch and a fresh buffer) or a
-//! `cat`. Both kernels are vectorised (`Vector<T, N>` loads) with the widest vector size the
+//! `cat`. Outputs are allocated dense (`empty_device_contiguous_dtype`): CubeCL's default
+//! allocation pads rows on CUDA (a `[5, 7]` f32 tensor gets row stride 8), which the kernels'
+//! flat indexing would misread, as the first run on a GPU showed. Both kernels are vectorised (`Vector<T, N>` loads) with the widest vector size the
 //! device offers that divides the row widths; sizes that are not multiples fall back to narrower
 //! vectors, down to scalars. Inputs that are not contiguous are made contiguous first.
 //!
@@ -29,7 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use burn::tensor::{BoolStore, DType, Shape, TensorMetadata};
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::calculate_cube_count_elemwise;
 use cubecl::prelude::*;
@@ -216,7 +218,7 @@ fn reduce_on<R: CubeRuntime>(parts: Vec<CubeTensor<R>>, op: ReduceOp) -> Option<
     let len = shape.num_elements();
     let first = &parts[0];
     let vector = vector_size(first, &[len]);
-    let output = empty_device_dtype(
+    let output = empty_device_contiguous_dtype(
         first.client.clone(),
         first.device.clone(),
         shape,
@@ -266,7 +268,7 @@ fn cat_on<R: CubeRuntime>(parts: Vec<CubeTensor<R>>, dim: usize) -> Option<CubeT
     let vector = vector_size(first, &widths);
     let mut out_shape: Vec<usize> = shape0.iter().copied().collect();
     out_shape[dim] = parts.iter().map(|p| p.shape()[dim]).sum();
-    let output = empty_device_dtype(
+    let output = empty_device_contiguous_dtype(
         first.client.clone(),
         first.device.clone(),
         Shape::from(out_shape),

@@ -78,6 +78,9 @@ pub struct LaunchEnv {
     pub gpu: Option<usize>,
     /// The variables the values were read from, `NAME=value` joined by spaces (for messages).
     pub evidence: String,
+    /// Whether a process-management server MPI can join through is present (`PMIX_RANK`,
+    /// `PMI_RANK` or `PMI_FD` set): `srun --mpi=pmix` gives one, plain `srun` none.
+    pub pmi: bool,
 }
 
 impl LaunchEnv {
@@ -181,6 +184,9 @@ impl LaunchEnv {
                 "the launch environment ({source}: {evidence}) gives rank {rank} in a world of {s}"
             )));
         }
+        let pmi = ["PMIX_RANK", "PMI_RANK", "PMI_FD"]
+            .iter()
+            .any(|k| get(k).is_some());
         Ok(Self {
             source,
             rank,
@@ -190,6 +196,7 @@ impl LaunchEnv {
             node,
             gpu,
             evidence,
+            pmi,
         })
     }
 
@@ -203,7 +210,8 @@ impl LaunchEnv {
     ///
     /// # Errors
     /// [`DTensorError::Spmd`] saying what was seen and what to do: a multi-process launch in a
-    /// build without the `mpi` feature, or a torchrun launch.
+    /// build without the `mpi` feature, a torchrun launch, or a Slurm step without PMI (plain
+    /// `srun`: Open MPI would abort inside `MPI_Init` with a message about its build).
     pub fn joinable(&self) -> Result<()> {
         if !self.is_multi_process() {
             return Ok(());
@@ -223,6 +231,13 @@ impl LaunchEnv {
                  one process",
                 self.size.unwrap_or(0),
                 self.size.unwrap_or(0)
+            )));
+        }
+        if self.source == LaunchSource::Slurm && !self.pmi {
+            return Err(DTensorError::Spmd(format!(
+                "{what}, but srun started it without a PMI server (no PMIX_RANK), so MPI \
+                 cannot join the other tasks and each would train alone; start it with `srun \
+                 --mpi=pmix` (see `srun --mpi=list`), or with `mpirun` inside the allocation"
             )));
         }
         if !cfg!(feature = "mpi") {

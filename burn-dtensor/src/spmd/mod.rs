@@ -45,6 +45,7 @@ use crate::error::{DTensorError, Result};
 use crate::layout::ReduceOp;
 
 mod launch_env;
+pub use crate::inner::exclusive_device;
 pub use launch_env::{LaunchEnv, LaunchSource};
 
 /// Exit status of a job whose cross-process collective (or start-up) timed out.
@@ -94,8 +95,7 @@ pub(crate) struct Peer {
 pub struct World {
     group: Option<Arc<dyn ProcessGroup>>,
     launch: LaunchEnv,
-    // Read by the engines' fault messages.
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    // Read by the engines' fault messages and the device check.
     peers: Vec<Peer>,
 }
 
@@ -121,6 +121,15 @@ impl World {
     /// How this process was launched: the source, the local rank and the node.
     pub fn launch(&self) -> &LaunchEnv {
         &self.launch
+    }
+    /// The host each rank runs on, in rank order (exchanged at start-up; this host's name
+    /// alone in a world of one).
+    pub fn hosts(&self) -> Vec<String> {
+        if self.peers.is_empty() {
+            vec![hostname()]
+        } else {
+            self.peers.iter().map(|p| p.host.clone()).collect()
+        }
     }
     /// The engine, `"mpi"`, or `"none"` for a world of one process.
     pub fn engine(&self) -> &'static str {
@@ -234,6 +243,40 @@ impl World {
                 ("int element", type_name::<B::IntElem>().to_string()),
             ],
         )
+    }
+
+    /// Checks that no two processes on one host hold the same exclusive device (a GPU:
+    /// [`crate::inner::exclusive_device`]): `devices` are this process's devices, named as their
+    /// `Debug` form (`Cuda(0)`). Two processes on one GPU would share its memory
+    /// and serialise on it, and NCCL refuses such a communicator only later, inside the first
+    /// collective; refused here instead, before any collective of a mesh. Host devices (NdArray,
+    /// Flex, a Vulkan CPU adapter) are never exclusive. Collective, free in a world of one.
+    ///
+    /// # Errors
+    /// [`DTensorError::SharedDevice`] naming the device, the host and both ranks.
+    pub fn claim_devices(&self, devices: &[String]) -> Result<()> {
+        let Some(g) = &self.group else {
+            return Ok(());
+        };
+        let mine = devices.join("\u{1e}");
+        let all = gather_bytes(g.as_ref(), mine.as_bytes(), "start-up check of the devices");
+        let mut seen: Vec<(&str, String, usize)> = Vec::new();
+        for (r, bytes) in all.iter().enumerate() {
+            let host = self.peers.get(r).map_or("?", |p| p.host.as_str());
+            let text = String::from_utf8_lossy(bytes);
+            for d in text.split('\u{1e}').filter(|d| !d.is_empty()) {
+                if let Some((_, _, first)) = seen.iter().find(|(h, dd, _)| *h == host && dd == d) {
+                    return Err(DTensorError::SharedDevice {
+                        device: d.to_string(),
+                        host: host.to_string(),
+                        first: *first,
+                        second: r,
+                    });
+                }
+                seen.push((host, d.to_string(), r));
+            }
+        }
+        Ok(())
     }
 
     /// Waits until every process gets here.
