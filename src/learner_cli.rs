@@ -70,8 +70,8 @@ fn run<P: Placement + Send + Sync + 'static>(
     let cfg = args.train_config();
     let opts = args.options();
     // Bad layout inputs fail here, before the (slow) data preparation: the placement checked
-    // the mesh and the map's axes; the batch size and the map's rules (against the lazy
-    // parameters: nothing is allocated) are checked now.
+    // the mesh and the map's axes; the batch size and the map's rules (each parameter is
+    // materialised in its own layout: only shards are allocated) are checked now.
     train::check_batch(cfg.batch_size, p.batch_axis(), cfg.drop_policy)?;
     p.prepare_model(crate::model::ImdbMlp::new(&p.device()))?;
     learner::check_options(&cfg, &opts)?;

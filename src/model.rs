@@ -2,12 +2,12 @@
 //! tutorial: `dense1: Linear(1200 -> 48)`, relu, `bn: BatchNorm(48)`, `dense2: Linear(48 -> 2)`.
 //! Nothing here knows about meshes: the parallelism comes from the layout map alone.
 
-use burn::module::Module;
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig};
 use burn::tensor::activation::relu;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{Int, Tensor, TensorData};
 
 /// Width of the TF-IDF input (Keras `max_tokens`).
 pub const INPUT_DIM: usize = 1200;
@@ -89,4 +89,44 @@ pub fn correct<B: Backend>(logits: Tensor<B, 2>, labels: Tensor<B, 1, Int>) -> u
         .to_string()
         .parse::<f64>()
         .unwrap_or(0.0) as usize
+}
+
+/// The values of every float parameter of `module` (BatchNorm's running statistics included), in
+/// visit order (lazy parameters are materialised, in that order). With
+/// [`with_param_values`] this moves weights between backends: the bare backend's model of
+/// `--mode single` starts from the weights the distributed modes draw.
+pub fn param_values<B: Backend, M: Module<B>>(module: &M) -> Vec<TensorData> {
+    struct Read(Vec<TensorData>);
+    impl<B: Backend> ModuleVisitor<B> for Read {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            self.0.push(param.val().into_data());
+        }
+    }
+    let mut r = Read(Vec::new());
+    module.visit(&mut r);
+    r.0
+}
+
+/// `module` with its float parameters replaced by `values` in visit order (as
+/// [`param_values`] reads them), keeping ids and gradient requirements.
+///
+/// # Panics
+/// When `values` does not have one tensor per float parameter of the same shape (a model of
+/// another architecture: an internal bug).
+pub fn with_param_values<B: Backend, M: Module<B>>(module: M, values: Vec<TensorData>) -> M {
+    struct Write(std::vec::IntoIter<TensorData>);
+    impl<B: Backend> ModuleMapper<B> for Write {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            let v = self.0.next().expect("one value per float parameter");
+            param.map(|t| {
+                assert_eq!(t.shape().to_vec(), v.shape.to_vec(), "parameter shape");
+                Tensor::from_data(v.convert_dtype(t.dtype()), &t.device())
+                    .set_require_grad(t.is_require_grad())
+            })
+        }
+    }
+    let mut w = Write(values.into_iter());
+    let m = module.map(&mut w);
+    assert!(w.0.next().is_none(), "more values than float parameters");
+    m
 }

@@ -325,8 +325,13 @@ impl<I: Backend> Placement for Single<I> {
             Tensor::from_data(y.convert::<I::IntElem>(), &self.device),
         ))
     }
+    /// The weights every mode starts from: drawn by the decorator's counter-based generator on
+    /// a mesh of one (the values of every layout, see `burn_dtensor::random`), copied onto the
+    /// bare backend, so that `--mode single` and the sharded modes start alike for a seed.
     fn prepare_model(&self, model: ImdbMlp<Self::AD>) -> Result<ImdbMlp<Self::AD>, AppError> {
-        Ok(model)
+        let one = DistributedDevice::new(Mesh::single(self.device.clone()));
+        let drawn = crate::model::param_values(&ImdbMlp::<DistributedBackend<I>>::new(&one));
+        Ok(crate::model::with_param_values(model, drawn))
     }
     fn mesh_desc(&self) -> String {
         String::new()
@@ -839,6 +844,8 @@ pub fn process_device<I: Backend>(choice: DeviceChoice) -> Result<I::Device, App
 pub fn init_model<P: Placement>(p: &P, seed: u64) -> Result<ImdbMlp<P::AD>, AppError> {
     let device = p.device();
     <P::AD as Backend>::seed(&device, seed);
+    // The stream every mode draws its weights from (the bare backend's own generator differs).
+    burn_dtensor::random::seed(seed);
     p.prepare_model(ImdbMlp::new(&device))
 }
 

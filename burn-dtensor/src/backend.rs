@@ -56,7 +56,10 @@ impl<B: Backend> Backend for DistributedBackend<B> {
             device.mesh
         )
     }
+    /// Seeds the decorator's counter-based stream ([`crate::random`], every random creation)
+    /// and the inner backend's own generator on every device.
     fn seed(device: &Self::Device, seed: u64) {
+        crate::random::seed(seed);
         for d in device.mesh.devices() {
             B::seed(d, seed);
         }

@@ -8,9 +8,13 @@
 //! - Unmatched parameters stay replicated.
 //! - A rule that matches no parameter is an error ([`DTensorError::UnmatchedRule`]), never
 //!   silently ignored.
-//! - [`LayoutMap::apply`] composes the relayout into each parameter's lazy initialiser (no full
-//!   copy per device is materialised for lazy parameters), keeps parameter ids (optimizer state
-//!   stays attached), and installs a load mapper so that a record loaded later (a checkpoint
+//! - [`LayoutMap::apply`] materialises each parameter that is still lazy (Burn's initializers
+//!   are) directly in its target layout: its initializer runs under that layout as a scoped
+//!   creation layout ([`crate::with_creation_layout`]), so every device, and every process of a
+//!   multi-process mesh, allocates and draws only its own shard and no process ever holds a
+//!   sharded parameter whole (random values are the same for every layout, see
+//!   [`crate::random`]). Parameters are materialised in visit order, the same on every process.
+//!   It keeps parameter ids (optimizer state stays attached), and installs a load mapper so that a record loaded later (a checkpoint
 //!   written under any mesh) is relaid out to the same layout.
 //!
 //! TOML format (one rule per line, in order):
@@ -213,8 +217,10 @@ impl LayoutMap {
         Ok((None, Layout::replicated_on(mesh, rank)))
     }
 
-    /// Relays out every float parameter of `module` by the first matching rule (see the
-    /// [module docs](self)). `mesh` is the mesh the module lives on.
+    /// Lays out every float parameter of `module` by the first matching rule (see the
+    /// [module docs](self)): lazy parameters are created directly in their layout (the
+    /// layout-mapped init: `map.apply(Model::new(&device), mesh.topology())`), materialised ones
+    /// relaid out. `mesh` is the mesh the module lives on.
     ///
     /// # Errors
     /// Those of [`LayoutMap::layout_for`], and [`DTensorError::UnmatchedRule`] naming the rules
@@ -301,10 +307,20 @@ impl<B: DistributedOps> ModuleMapper<B> for Mapper<'_> {
                     self.used[i] = true;
                 }
                 self.report.assignments.push((path, layout.clone()));
-                let l2 = layout.clone();
-                param
-                    .init_mapper(move |t| relayout_leaf(t, &l2))
-                    .load_mapper(move |t| relayout_leaf(t, &layout))
+                // A parameter still lazy is materialised now, directly in its target layout:
+                // its initializer's creation ops run under the layout as a scoped creation
+                // layout, so each device (and process) draws only its shard. One already
+                // materialised is relaid out.
+                let shape = param.lazy_shape().to_vec();
+                let lazy = !param.is_initialized();
+                let to = |t| relayout_leaf(t, &layout);
+                let param = if lazy {
+                    crate::creation::with_creation_layout(&layout, &shape, || param.map(to))
+                        .expect("the layout has the parameter's rank (checked by layout_for)")
+                } else {
+                    param.map(to)
+                };
+                param.load_mapper(move |t| relayout_leaf(t, &layout))
             }
             Err(e) => {
                 self.error.get_or_insert(e);

@@ -176,6 +176,18 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Reader<'_, B> {
     }
 }
 
+/// Replaces a model's float parameters by values in visit order (as [`Reader`] reads them).
+struct Writer<'a>(std::slice::Iter<'a, (String, TensorData)>);
+
+impl<B: AutodiffBackend> ModuleMapper<B> for Writer<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (_, v) = self.0.next().expect("one value per float parameter");
+        param.map(|t| {
+            Tensor::from_data(v.clone(), &t.device()).set_require_grad(t.is_require_grad())
+        })
+    }
+}
+
 /// The layouts of a distributed model's parameters (or of their gradients), by path.
 struct LayoutReader<'a> {
     path: Vec<String>,
@@ -220,21 +232,20 @@ fn layouts(
 /// NdArray's random generator is process-global: initialisation holds this lock.
 static RNG_LOCK: Mutex<()> = Mutex::new(());
 
-/// The two models with identical weights: both seeded alike (DistributedBackend draws each
-/// random tensor whole, once, so the same seed gives the same weights), lazily initialised
-/// parameters materialised in the same (visit) order under the lock. The distributed model's
-/// parameters are then relaid out per `mode`.
+/// The two models with identical weights: the distributed one drawn by the decorator's
+/// counter-based generator (lazily initialised parameters materialised in visit order under
+/// the lock), its values copied into the reference model. The distributed model's parameters
+/// are then relaid out per `mode`.
 fn models(mode: &Mode, mesh: &Mesh<Dev>) -> (Net<Ref>, Net<Dist>) {
     let dev = Dev::default();
     let mdev = DistributedDevice::new(mesh.clone());
     let (r, d) = {
         let _g = RNG_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        Ref::seed(&dev, 42);
-        let r = Net::<Ref>::new(&dev);
-        let rv = Reader::read(&r, None);
         Dist::seed(&mdev, 42);
         let d = Net::<Dist>::new(&mdev);
         let dv = Reader::read(&d, None);
+        let r = Net::<Ref>::new(&dev).map(&mut Writer(dv.iter()));
+        let rv = Reader::read(&r, None);
         for ((p, a), (q, b)) in rv.iter().zip(&dv) {
             assert_eq!(p, q);
             a.assert_eq(b, true);

@@ -111,3 +111,300 @@ fn creation_sharding_policy_lays_out_created_tensors() {
         Err(DTensorError::AxisUsedTwice { .. })
     ));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Shard-local creation: random values independent of the layout, distributions, layout-mapped
+// initialisation
+// ---------------------------------------------------------------------------------------------
+
+/// The decorator's random stream is process-global: tests that seed and draw hold this lock.
+static RNG_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn rng_lock() -> std::sync::MutexGuard<'static, ()> {
+    RNG_LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Every rank-2 creation spec of a mesh with axes `a`, `b` (each dim unsharded or on one axis).
+fn creation_specs() -> Vec<[&'static str; 2]> {
+    let opts = ["unsharded", "a", "b"];
+    let mut out = Vec::new();
+    for d0 in opts {
+        for d1 in opts {
+            if d0 != d1 || d0 == "unsharded" {
+                out.push([d0, d1]);
+            }
+        }
+    }
+    out
+}
+
+/// Draws `[5, 7]` of `dist` after seeding, on `device`.
+fn draw<I: burn::tensor::backend::Backend>(
+    dist: burn::tensor::Distribution,
+    device: &DistributedDevice<I::Device>,
+) -> Tensor<DistributedBackend<I>, 2> {
+    use burn::tensor::Element;
+    use burn::tensor::backend::Backend;
+    DistributedBackend::<I>::seed(device, 11);
+    // The dtype explicitly: Burn keys default dtypes by device, which the f32 and f64 backends
+    // share here.
+    Tensor::random([5, 7], dist, (device, I::FloatElem::dtype()))
+}
+
+/// Random creation gives bitwise the values of the mesh of one for every distribution, float
+/// type, mesh (2x2, 3x1: uneven and empty shards), creation layout and execution mode, and each
+/// device holds exactly its box of those values.
+fn random_is_layout_free<I: burn::tensor::backend::Backend>() {
+    use burn::tensor::Distribution as Dn;
+    let dev = I::Device::default();
+    let dists = [
+        Dn::Default,
+        Dn::Uniform(-2.0, 3.0),
+        Dn::Normal(0.5, 2.0),
+        Dn::Bernoulli(0.3),
+    ];
+    let one = DistributedDevice::new(Mesh::single(dev.clone()));
+    for dist in dists {
+        let want = draw::<I>(dist, &one).into_data();
+        for axes in [[("a", 2), ("b", 2)], [("a", 3), ("b", 1)]] {
+            let base =
+                Mesh::virtual_devices(axes.iter().map(|(a, s)| (a.to_string(), *s)), dev.clone())
+                    .unwrap();
+            for stacked in [true, false] {
+                for spec in creation_specs() {
+                    let m = base
+                        .with_stacked_execution(stacked)
+                        .with_creation_sharding(spec)
+                        .unwrap();
+                    let got = draw::<I>(dist, &DistributedDevice::new(m.clone()));
+                    let what = format!("{dist:?} on {m} stacked={stacked} {spec:?}");
+                    assert_eq!(got.layout(), Layout::new(&m, spec).unwrap(), "{what}");
+                    got.clone().into_data().assert_eq(&want, true);
+                    let whole = Tensor::<I, 2>::from_data(want.clone(), (&dev, want.dtype));
+                    for (i, shard) in got.to_local_shards().into_iter().enumerate() {
+                        let r = Layout::new(&m, spec).unwrap().shard_ranges(&[5, 7], i);
+                        let cut = whole.clone().slice([r[0].clone(), r[1].clone()]);
+                        shard.into_data().assert_eq(&cut.into_data(), true);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn random_values_do_not_depend_on_the_layout() {
+    let _g = rng_lock();
+    random_is_layout_free::<NdArray<f32>>();
+    random_is_layout_free::<NdArray<f64>>();
+}
+
+/// Kolmogorov-Smirnov statistic of `xs` against `cdf`.
+fn ks(mut xs: Vec<f64>, cdf: impl Fn(f64) -> f64) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len() as f64;
+    xs.iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            let f = cdf(x);
+            (f - i as f64 / n).abs().max(((i + 1) as f64 / n - f).abs())
+        })
+        .fold(0.0, f64::max)
+}
+
+/// The standard normal CDF (`erfc` by W. J. Cody's rational Chebyshev form as in Numerical
+/// Recipes' `erfcc`, relative error below 1.2e-7).
+fn normal_cdf(x: f64) -> f64 {
+    let z = (x / std::f64::consts::SQRT_2).abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let r = t
+        * (-z * z - 1.26551223
+            + t * (1.00002368
+                + t * (0.37409196
+                    + t * (0.09678418
+                        + t * (-0.18628806
+                            + t * (0.27886807
+                                + t * (-1.13520398
+                                    + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))))))))
+            .exp();
+    if x >= 0.0 { 1.0 - 0.5 * r } else { 0.5 * r }
+}
+
+/// Each distribution is right, drawn sharded over 8 devices: mean and variance within 5
+/// standard errors, and the Kolmogorov-Smirnov distance below its 1% critical value
+/// (1.63 / sqrt(n)), for uniform and normal in f32 and f64; Bernoulli's rate; integers uniform
+/// on `[lo, hi)` with every value about equally often.
+#[test]
+fn random_distributions_are_right() {
+    use burn::tensor::Distribution as Dn;
+    use burn::tensor::backend::Backend;
+    let _g = rng_lock();
+    let n = 1 << 17;
+    let m = mesh(&[("a", 4), ("b", 2)])
+        .with_creation_sharding(["a", "b"])
+        .unwrap();
+    let dv = DistributedDevice::new(m);
+    let crit = 1.63 / (n as f64).sqrt();
+    let moments = |xs: &[f64]| {
+        let mean = xs.iter().sum::<f64>() / xs.len() as f64;
+        let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (xs.len() - 1) as f64;
+        (mean, var)
+    };
+    let draw32 = |d: Dn| -> Vec<f64> {
+        let t = Tensor::<B, 2>::random([n / 64, 64], d, &dv);
+        t.into_data()
+            .to_vec::<f32>()
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect()
+    };
+    type B64 = DistributedBackend<NdArray<f64>>;
+    let draw64 = |d: Dn| -> Vec<f64> {
+        let t = Tensor::<B64, 2>::random([n / 64, 64], d, (&dv, burn::tensor::DType::F64));
+        t.into_data().to_vec::<f64>().unwrap()
+    };
+    B::seed(&dv, 5);
+    for xs in [
+        draw32(Dn::Uniform(-1.0, 3.0)),
+        draw64(Dn::Uniform(-1.0, 3.0)),
+    ] {
+        let (mean, var) = moments(&xs);
+        let se = (16.0 / 12.0 / n as f64).sqrt();
+        assert!((mean - 1.0).abs() < 5.0 * se, "uniform mean {mean}");
+        assert!((var - 16.0 / 12.0).abs() < 0.02, "uniform var {var}");
+        assert!(xs.iter().all(|x| (-1.0..3.0).contains(x)));
+        let d = ks(xs, |x| ((x + 1.0) / 4.0).clamp(0.0, 1.0));
+        assert!(d < crit, "uniform KS {d} >= {crit}");
+    }
+    for xs in [draw32(Dn::Normal(1.0, 2.0)), draw64(Dn::Normal(1.0, 2.0))] {
+        let (mean, var) = moments(&xs);
+        assert!(
+            (mean - 1.0).abs() < 5.0 * (4.0 / n as f64).sqrt(),
+            "normal mean {mean}"
+        );
+        assert!(
+            (var - 4.0).abs() < 5.0 * 4.0 * (2.0 / n as f64).sqrt(),
+            "normal var {var}"
+        );
+        let d = ks(xs, |x| normal_cdf((x - 1.0) / 2.0));
+        assert!(d < crit, "normal KS {d} >= {crit}");
+    }
+    for xs in [draw32(Dn::Bernoulli(0.3)), draw64(Dn::Bernoulli(0.3))] {
+        assert!(xs.iter().all(|x| *x == 0.0 || *x == 1.0));
+        let (mean, _) = moments(&xs);
+        assert!(
+            (mean - 0.3).abs() < 5.0 * (0.21 / n as f64).sqrt(),
+            "bernoulli rate {mean}"
+        );
+    }
+    let ints = Tensor::<B, 2, burn::tensor::Int>::random([n / 64, 64], Dn::Uniform(-3.0, 5.0), &dv);
+    let v: Vec<i64> = ints.into_data().convert::<i64>().to_vec().unwrap();
+    for k in -3..5 {
+        let c = v.iter().filter(|x| **x == k).count() as f64;
+        let e = n as f64 / 8.0;
+        assert!(
+            (c - e).abs() < 5.0 * (e * 7.0 / 8.0).sqrt(),
+            "int {k}: {c} of {n}"
+        );
+    }
+    assert!(v.iter().all(|x| (-3..5).contains(x)));
+}
+
+/// `arange` created sharded (uneven) is NdArray's `arange`, each device holding its chunk.
+#[test]
+fn arange_is_created_per_shard() {
+    let m = mesh(&[("a", 3)]).with_creation_sharding(["a"]).unwrap();
+    let dv = DistributedDevice::new(m.clone());
+    for (range, step) in [(0..10, 1), (-7..20, 3), (4..4, 1)] {
+        let got = Tensor::<B, 1, burn::tensor::Int>::arange_step(range.clone(), step, &dv);
+        assert_eq!(got.layout(), Layout::new(&m, ["a"]).unwrap());
+        let want =
+            Tensor::<Inner, 1, burn::tensor::Int>::arange_step(range, step, &Default::default());
+        got.into_data().assert_eq(&want.into_data(), true);
+    }
+}
+
+/// A layout map applied to a freshly initialised module materialises each parameter directly
+/// in its layout: no collective runs (nothing is relaid out), each device holds only its shard,
+/// and the weights are those drawn on a mesh of one with the same seed.
+#[test]
+fn layout_mapped_init_creates_each_parameter_in_its_layout() {
+    use burn::module::Module;
+    use burn::nn::{Linear, LinearConfig};
+    use burn::tensor::backend::Backend;
+    let _g = rng_lock();
+    let m = mesh(&[("batch", 2), ("model", 4)]);
+    let dv = DistributedDevice::new(m.clone());
+    let map = LayoutMap::new()
+        .rule(r"^weight$", ["unsharded", "model"])
+        .unwrap()
+        .rule(r"^bias$", ["model"])
+        .unwrap();
+    B::seed(&dv, 3);
+    let (lin, log) = record_comms(|| {
+        map.apply(LinearConfig::new(10, 6).init::<B>(&dv), m.topology())
+            .unwrap()
+            .0
+    });
+    assert!(
+        log.events.is_empty(),
+        "collectives during a layout-mapped init: {log}"
+    );
+    let w = lin.weight.val();
+    assert_eq!(w.layout(), Layout::new(&m, ["unsharded", "model"]).unwrap());
+    let one = DistributedDevice::new(Mesh::single(Default::default()));
+    B::seed(&one, 3);
+    let want: Linear<B> = LinearConfig::new(10, 6).init(&one);
+    w.clone()
+        .into_data()
+        .assert_eq(&want.weight.val().into_data(), true);
+    lin.bias
+        .as_ref()
+        .unwrap()
+        .val()
+        .into_data()
+        .assert_eq(&want.bias.as_ref().unwrap().val().into_data(), true);
+    // Each device drew only its [10, 2|1] block (6 over 4 is uneven).
+    let shapes: Vec<Vec<usize>> = w
+        .to_local_shards()
+        .iter()
+        .map(|s| s.dims().to_vec())
+        .collect();
+    assert_eq!(
+        shapes[..4],
+        [vec![10, 2], vec![10, 2], vec![10, 1], vec![10, 1]]
+    );
+    let _ = lin.num_params();
+}
+
+/// A scoped creation layout applies to tensors of its shape on its mesh only; a partial layout
+/// or a shape of another rank is a typed error.
+#[test]
+fn with_creation_layout_scopes_by_shape() {
+    let m = mesh(&[("a", 2)]);
+    let dv = DistributedDevice::new(m.clone());
+    let l = Layout::new(&m, ["a", "unsharded"]).unwrap();
+    let (x, y) = with_creation_layout(&l, &[4, 3], || {
+        (
+            Tensor::<B, 2>::zeros([4, 3], &dv),
+            Tensor::<B, 2>::zeros([3, 4], &dv),
+        )
+    })
+    .unwrap();
+    assert_eq!(x.layout(), l);
+    assert!(y.layout().is_replicated());
+    assert!(
+        Tensor::<B, 2>::zeros([4, 3], &dv).layout().is_replicated(),
+        "scope ended"
+    );
+    assert!(matches!(
+        with_creation_layout(&l, &[4], || ()),
+        Err(DTensorError::RankMismatch { .. })
+    ));
+    let partial = Layout::replicated(&m, 2).with_partial(0, ReduceOp::Sum);
+    assert!(matches!(
+        with_creation_layout(&partial, &[4, 3], || ()),
+        Err(DTensorError::Unsupported(_))
+    ));
+}

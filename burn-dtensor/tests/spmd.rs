@@ -345,6 +345,142 @@ fn contraction_across_processes() {
     done(name);
 }
 
+/// A field of `/proc/self/status` in bytes (`VmHWM`, `VmRSS`).
+fn status_bytes(field: &str) -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = s.lines().find(|l| l.starts_with(field)).unwrap();
+    line.split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        * 1024
+}
+
+/// Random creation across processes: on every mesh and settled creation layout, for each
+/// distribution and float type, the values are bitwise those of a mesh of one (drawn by each
+/// process alone) and each process's shards hold their box of them. A large creation
+/// (`[8192, 8192]` f32, 256 MiB) sharded over the processes raises no process's peak resident
+/// memory by more than 1.5 times its shard (plus 16 MiB): no process draws the whole tensor.
+#[test]
+fn random_creation_across_processes() {
+    use burn::tensor::Distribution as Dn;
+    use burn::tensor::backend::Backend;
+    use burn_dtensor::{DistributedDevice, with_creation_layout};
+    let name = "random_creation_across_processes";
+    if launched(name, &[2, 4]) {
+        return;
+    }
+    type DB64 = DistributedBackend<NdArray<f64>>;
+    let one = DistributedDevice::new(Mesh::single(Dev::default()));
+    let dists = [
+        Dn::Default,
+        Dn::Uniform(-2.0, 3.0),
+        Dn::Normal(0.5, 2.0),
+        Dn::Bernoulli(0.3),
+    ];
+    for m in meshes() {
+        let md = DistributedDevice::new(m.clone());
+        for l in layouts(&m).into_iter().filter(|l| !l.is_partial()) {
+            for shape in [[5, 3], [2, 7]] {
+                for dist in dists {
+                    DB::seed(&one, 3);
+                    let want = Tensor::<DB, 2>::random(shape, dist, &one);
+                    DB::seed(&md, 3);
+                    let got = with_creation_layout(&l, &shape, || {
+                        Tensor::<DB, 2>::random(shape, dist, &md)
+                    })
+                    .unwrap();
+                    assert_eq!(got.layout(), l);
+                    let what = format!("{dist:?} {shape:?} {l}");
+                    let w: Vec<f32> = want.into_data().to_vec().unwrap();
+                    for (j, s) in got.clone().to_local_shards().into_iter().enumerate() {
+                        let r = l.shard_ranges(&shape, m.topology().global(j));
+                        let v: Vec<f32> = s.into_data().to_vec().unwrap();
+                        assert_eq!(v, extract(&w, &shape, &r), "{what}: position {j}");
+                    }
+                    assert_eq!(got.into_data().to_vec::<f32>().unwrap(), w, "{what}");
+                    DB64::seed(&one, 3);
+                    let f64 = burn::tensor::DType::F64;
+                    let want = Tensor::<DB64, 2>::random(shape, dist, (&one, f64)).into_data();
+                    DB64::seed(&md, 3);
+                    let got = with_creation_layout(&l, &shape, || {
+                        Tensor::<DB64, 2>::random(shape, dist, (&md, f64))
+                    })
+                    .unwrap();
+                    assert_eq!(got.into_data(), want, "{what} f64");
+                }
+            }
+        }
+    }
+    let n = spmd::init().unwrap().size();
+    let m = Mesh::spmd([("p", n)], vec![Dev::default()]).unwrap();
+    let l = Layout::new(&m, ["p", UNSHARDED]).unwrap();
+    let md = DistributedDevice::new(m);
+    let rss = status_bytes("VmRSS:");
+    let t = with_creation_layout(&l, &[8192, 8192], || {
+        Tensor::<DB, 2>::random([8192, 8192], Dn::Default, &md)
+    })
+    .unwrap();
+    let grew = status_bytes("VmHWM:").saturating_sub(rss);
+    let shard = (8192 * 8192 * 4 / n) as u64;
+    println!(
+        "rank {}: a 256 MiB random tensor over {n} processes raised the peak by {} MiB (shard {} MiB)",
+        spmd::init().unwrap().rank(),
+        grew >> 20,
+        shard >> 20
+    );
+    assert!(
+        grew <= shard * 3 / 2 + (16 << 20),
+        "peak grew {grew} B for a {shard} B shard"
+    );
+    assert_eq!(t.to_local_shards()[0].dims(), [8192 / n, 8192]);
+    done(name);
+}
+
+/// The ordered all-reduce of a 256 MiB partial sum across the processes (one mesh position
+/// each) runs in bounded memory: each process holds its shard, one chunk of every member's and
+/// the result, never all `k` shards (what gathering them took: `k` times the shard, twice). The
+/// bar is a peak growth of at most 3 times the shard over the resident input; the values are the
+/// sum on every rank.
+#[test]
+fn ordered_all_reduce_in_bounded_memory() {
+    let name = "ordered_all_reduce_in_bounded_memory";
+    if launched(name, &[2, 4]) {
+        return;
+    }
+    let w = spmd::init().unwrap();
+    let n = w.size();
+    let m = Mesh::spmd([("p", n)], vec![Dev::default()]).unwrap();
+    let partial = Layout::replicated(&m, 2).with_partial(0, ReduceOp::Sum);
+    let shape = [4096, 16384];
+    let mine = Tensor::<N, 2>::full(shape, (w.rank() + 1) as f32 * 0.1, &Dev::default());
+    let x = burn_dtensor::from_local_shards(vec![mine], shape, &partial).unwrap();
+    let rss = status_bytes("VmRSS:");
+    let y = x.relayout(&Layout::replicated(&m, 2)).unwrap();
+    let grew = status_bytes("VmHWM:").saturating_sub(rss);
+    let shard: u64 = 4096 * 16384 * 4;
+    println!(
+        "rank {}: ordered all-reduce of 256 MiB over {n} processes raised the peak by {} MiB ({:.2} x the shard)",
+        w.rank(),
+        grew >> 20,
+        grew as f64 / shard as f64
+    );
+    let want: f32 = (1..=n).map(|r| r as f32 * 0.1).sum();
+    let local = y.to_local_shards().remove(0);
+    let v: Vec<f32> = local.slice([0..4096, 0..64]).into_data().to_vec().unwrap();
+    assert!(
+        v.iter().all(|x| (x - want).abs() < 1e-5),
+        "{} vs {want}",
+        v[0]
+    );
+    assert!(
+        grew <= 3 * shard,
+        "peak grew {grew} B for a {shard} B shard"
+    );
+    done(name);
+}
+
 /// Gradients of `sum(relu(x @ w) * y)` with `x` batch-sharded and `w` sharded on either dim,
 /// against `Autodiff<NdArray>`.
 #[test]

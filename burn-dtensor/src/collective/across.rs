@@ -70,13 +70,17 @@ pub(crate) fn all_reduce<B: Backend, K: Kind<B>>(
     (K::from_data(out, &device), 2 * (p - 1) * n / p)
 }
 
-/// The deterministic form of the across-process all-reduce: every process sends the shards of
-/// its in-process group (`members`, in coordinate order), all of them arrive everywhere in mesh
-/// coordinate order, and each process reduces the whole group with `reduce`, the in-process
-/// reduction. The sum is then computed in the order a single process holding the whole mesh uses
-/// (per device), so results are bitwise those of that run and equal on every rank whatever the
-/// process count; it moves `k/2` times the bytes of the engine's all-reduce (see
-/// [`crate::spmd::Reduction`]). Returns the bytes this process received.
+/// The deterministic form of the across-process all-reduce, in bounded memory: the flattened
+/// shards are cut in one chunk per process; an all-to-all gives process `q` chunk `q` of every
+/// member's shard of the group (all `k` of them, in mesh coordinate order), it reduces them with
+/// `reduce` (the in-process reduction, element-wise), and an all-gather of the reduced chunks
+/// gives everyone the whole result: the traffic of a ring all-reduce (`2 (p-1)/p` of the buffer
+/// per process, where gathering every shard moved `k - 1` times it) and no process ever holds
+/// more than its own shards plus one chunk of each member's. Every element is still reduced in
+/// mesh coordinate order, the order of a single process holding the whole mesh, so results are
+/// bitwise those of that run and equal on every rank whatever the process count (see
+/// [`crate::spmd::Reduction`]). `members` are this process's shards of the group, in coordinate
+/// order. Returns the bytes this process received.
 pub(crate) fn all_reduce_ordered<B: Backend, K: Kind<B>>(
     members: Vec<K::P>,
     pg: &Arc<dyn ProcessGroup>,
@@ -86,27 +90,48 @@ pub(crate) fn all_reduce_ordered<B: Backend, K: Kind<B>>(
     reduce: impl FnOnce(&[K::P]) -> K::P,
 ) -> (K::P, u64) {
     let device = K::device(&members[0]);
-    let datas: Vec<TensorData> = members.into_iter().map(K::into_host).collect();
+    let l = members.len();
+    let mut datas: Vec<TensorData> = members.into_iter().map(K::into_host).collect();
     let (shape, dtype) = (datas[0].shape.clone(), datas[0].dtype);
-    let per = datas[0].as_bytes().len();
-    let mut send = Vec::with_capacity(per * datas.len());
-    for d in &datas {
-        send.extend_from_slice(d.as_bytes());
-    }
-    let counts = vec![send.len(); pg.size()];
+    let es = dtype.size();
+    let m = datas[0].num_elements();
+    let (p, me) = (pg.size(), pg.rank());
+    let part = |q: usize| chunk(m, p, q);
+    // This process's parts for process q: chunk q of each of its members, member-major. With
+    // one member the chunks already lie in destination order: its buffer is sent as it is.
+    let send: Vec<u8> = if l == 1 {
+        datas.pop().expect("one member").into_bytes().to_vec()
+    } else {
+        let mut send = Vec::with_capacity(l * m * es);
+        for q in 0..p {
+            for d in &datas {
+                send.extend_from_slice(&d.as_bytes()[part(q).start * es..part(q).end * es]);
+            }
+        }
+        send
+    };
+    drop(datas);
+    let send_counts: Vec<usize> = (0..p).map(|q| l * part(q).len() * es).collect();
+    let c = part(me).len();
     let w = what(CollectiveKind::AllReduce, topo, axis, global);
-    let all = pg.all_gather(&send, &counts, &w);
-    let k = topo.axis_size(axis);
-    let shards: Vec<K::P> = (0..k)
-        .map(|c| {
-            let bytes = all[c * per..(c + 1) * per].to_vec();
-            K::from_data(
-                TensorData::from_bytes_vec(bytes, shape.clone(), dtype),
-                &device,
-            )
-        })
-        .collect();
-    (reduce(&shards), (all.len() - send.len()) as u64)
+    let got = pg.all_to_all(&send, &send_counts, &vec![l * c * es; p], &w);
+    drop(send);
+    // Every member's chunk `me`, in coordinate order (process-major, then its members).
+    let mine: Vec<u8> = if c == 0 {
+        Vec::new()
+    } else {
+        let chunks: Vec<K::P> = got
+            .chunks(c * es)
+            .map(|b| K::from_data(TensorData::from_bytes_vec(b.to_vec(), [c], dtype), &device))
+            .collect();
+        drop(got);
+        K::into_host(reduce(&chunks)).into_bytes().to_vec()
+    };
+    let counts: Vec<usize> = (0..p).map(|q| part(q).len() * es).collect();
+    let all = pg.all_gather(&mine, &counts, &w);
+    let received = (p - 1) as u64 * (l * c * es) as u64 + (all.len() - mine.len()) as u64;
+    let out = K::from_data(TensorData::from_bytes_vec(all, shape, dtype), &device);
+    (out, received)
 }
 
 /// The range of a dim of global size `n` (split in `k` chunks over an axis) held by process

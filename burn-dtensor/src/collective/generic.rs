@@ -89,6 +89,26 @@ fn reduce_group<B: Backend, K: Kind<B>>(
     op: ReduceOp,
     engines: &LocalEngines,
 ) -> K::P {
+    let tree = as_tree::<B>(shards[group[0]].shape().num_elements());
+    reduce_group_as::<B, K>(shards, group, op, engines, tree)
+}
+
+/// Whether [`reduce_group`] reduces shards of `elements` elements as a tree (worker threads)
+/// rather than a chain.
+fn as_tree<B: Backend>(elements: usize) -> bool {
+    threads_for::<B>() && elements >= par_min()
+}
+
+/// [`reduce_group`] with the shape of the reduction fixed by the caller (a chain, or a tree when
+/// `parallel`): the chunks of a chunked reduction ([`across::all_reduce_ordered`]) are reduced
+/// in the shape their whole shards would be, so every element is summed in the same order.
+fn reduce_group_as<B: Backend, K: Kind<B>>(
+    shards: &[K::P],
+    group: &[usize],
+    op: ReduceOp,
+    engines: &LocalEngines,
+    parallel: bool,
+) -> K::P {
     use rayon::prelude::*;
     let mut level = on_first_device::<B, K>(shards, group);
     if level.len() > 1
@@ -96,7 +116,6 @@ fn reduce_group<B: Backend, K: Kind<B>>(
     {
         return r;
     }
-    let parallel = threads_for::<B>() && level[0].shape().num_elements() >= par_min();
     if !parallel {
         // A chain: the first sum is a fresh buffer that the later ones can reuse (CPU backends
         // write into an operand they own alone), where a tree allocates one per pair.
@@ -147,9 +166,10 @@ fn reduce_across<B: Backend, K: Kind<B>>(
     match crate::spmd::reduction() {
         crate::spmd::Reduction::Ordered => {
             let members = group.iter().map(|&i| shards[i].clone()).collect();
+            let tree = as_tree::<B>(shards[group[0]].shape().num_elements());
             across::all_reduce_ordered::<B, K>(members, pg, topo, axis, global, |all| {
                 let everyone: Vec<usize> = (0..all.len()).collect();
-                reduce_group::<B, K>(all, &everyone, op, &topo.engines)
+                reduce_group_as::<B, K>(all, &everyone, op, &topo.engines, tree)
             })
         }
         crate::spmd::Reduction::Engine => {

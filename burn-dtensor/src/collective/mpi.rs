@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use burn::tensor::DType;
 use mpi::Threading;
 use mpi::collective::SystemOperation;
-use mpi::datatype::{Equivalence, PartitionMut};
+use mpi::datatype::{Equivalence, Partition, PartitionMut};
 use mpi::request::{Request, Scope, scope};
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
@@ -100,6 +100,18 @@ fn wait<'a, R: ?Sized, S: Scope<'a>>(mut req: Request<'a, R, S>, what: &str, mem
             std::thread::sleep(Duration::from_micros(50));
         }
     }
+}
+
+/// The offsets of parts of `counts` bytes laid back to back (MPI's `displs`).
+fn displacements(counts: &[usize]) -> Vec<i32> {
+    counts
+        .iter()
+        .scan(0i32, |at, &n| {
+            let here = *at;
+            *at += n as i32;
+            Some(here)
+        })
+        .collect()
 }
 
 /// Reads `buf` as elements of `T` (any alignment).
@@ -219,14 +231,7 @@ impl ProcessGroup for MpiGroup {
         let one = [0u8; 1];
         let send = if send.is_empty() { &one[..0] } else { send };
         let c: Vec<i32> = counts.iter().map(|&n| n as i32).collect();
-        let d: Vec<i32> = counts
-            .iter()
-            .scan(0i32, |at, &n| {
-                let here = *at;
-                *at += n as i32;
-                Some(here)
-            })
-            .collect();
+        let d = displacements(counts);
         assert!(
             total <= i32::MAX as usize,
             "burn-dtensor: a cross-process all-gather of {total} bytes exceeds MPI's 2 GiB count"
@@ -250,6 +255,44 @@ impl ProcessGroup for MpiGroup {
             mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, code);
         }
         std::process::abort()
+    }
+    /// `MPI_Ialltoallv`, waited on against the collective timeout.
+    fn all_to_all(
+        &self,
+        send: &[u8],
+        send_counts: &[usize],
+        recv_counts: &[usize],
+        what: &str,
+    ) -> Vec<u8> {
+        let _guard = LOCK.lock().unwrap();
+        let total: usize = recv_counts.iter().sum();
+        assert!(
+            total <= i32::MAX as usize && send.len() <= i32::MAX as usize,
+            "burn-dtensor: a cross-process all-to-all of {} bytes exceeds MPI's 2 GiB count",
+            total.max(send.len())
+        );
+        // Never a dangling pointer (see `all_gather`): one spare byte on each side.
+        let mut recv = vec![0u8; total + 1];
+        let mut sbuf = Vec::new();
+        let send = if send.is_empty() {
+            sbuf.push(0u8);
+            &sbuf[..]
+        } else {
+            send
+        };
+        let sc: Vec<i32> = send_counts.iter().map(|&n| n as i32).collect();
+        let rc: Vec<i32> = recv_counts.iter().map(|&n| n as i32).collect();
+        let part = Partition::new(send, sc, displacements(send_counts));
+        let mut rpart = PartitionMut::new(&mut recv[..], rc, displacements(recv_counts));
+        scope(|s| {
+            let req = self
+                .comm
+                .0
+                .immediate_all_to_all_varcount_into(s, &part, &mut rpart);
+            wait(req, what, &self.world_ranks);
+        });
+        recv.truncate(total);
+        recv
     }
     fn broadcast(&self, buf: &mut [u8], root: usize, what: &str) {
         if buf.is_empty() {

@@ -11,21 +11,7 @@ use crate::rules::pointwise::Linearity;
 use crate::tensor::{BoolKind as Bk, FloatKind, IntKind};
 
 impl<B: Backend> BoolTensorOps<Self> for DistributedBackend<B> {
-    fn bool_empty(shape: Shape, device: &Device<Self>, dtype: BoolDType) -> BoolTensor<Self> {
-        create::<B, Bk>(&device.mesh, shape.to_vec(), |d| {
-            B::bool_empty(shape.clone(), d, dtype)
-        })
-    }
-    fn bool_zeros(shape: Shape, device: &Device<Self>, dtype: BoolDType) -> BoolTensor<Self> {
-        create::<B, Bk>(&device.mesh, shape.to_vec(), |d| {
-            B::bool_zeros(shape.clone(), d, dtype)
-        })
-    }
-    fn bool_ones(shape: Shape, device: &Device<Self>, dtype: BoolDType) -> BoolTensor<Self> {
-        create::<B, Bk>(&device.mesh, shape.to_vec(), |d| {
-            B::bool_ones(shape.clone(), d, dtype)
-        })
-    }
+    create_ops!(BoolTensor, Bk, BoolDType: bool_empty, bool_zeros, bool_ones);
     async fn bool_into_data(
         t: BoolTensor<Self>,
     ) -> Result<TensorData, burn::tensor::backend::ExecutionError> {

@@ -622,7 +622,7 @@ pub fn from_data<B: Backend, K: Kind<B>>(
     data: TensorData,
     device: &DistributedDevice<B::Device>,
 ) -> DTensor<K::P> {
-    let layout = Layout::created_on(device.mesh.topology(), data.shape.num_dims());
+    let layout = crate::creation::layout_for(device.mesh.topology(), &data.shape.to_vec());
     distribute::<B, K>(data, &device.mesh, &layout)
         .expect("a created layout of the data's own rank on its own mesh")
 }

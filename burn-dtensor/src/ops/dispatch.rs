@@ -431,33 +431,71 @@ pub(crate) fn run_batch_with<B: Backend, R: TensorMetadata + Clone + Send>(
     DTensor::from_parts(shape, layout, shards)
 }
 
-/// Creation on a mesh: `f(device)` per distinct inner device; the result is replicated, or
-/// laid out by the mesh's creation-layout policy ([`crate::Mesh::with_creation_sharding`]; each
-/// device keeps its chunk, no communication).
+/// Creation on a mesh, shard-local: the result has the creation layout
+/// ([`crate::creation::layout_for`]: a scoped creation layout, else the mesh's policy) and each
+/// distinct shard is made by `f(device, per-shard shape)` (stacked virtual meshes: one call with
+/// the stacked shape), so no device, and no process, allocates the whole tensor unless it holds
+/// it. `f` must fill by shape alone (zeros, ones, full, empty).
 pub fn create<B: Backend, K: Kind<B>>(
     mesh: &crate::Mesh<B::Device>,
     shape: Vec<usize>,
-    f: impl Fn(&B::Device) -> K::P + Sync,
+    f: impl Fn(&B::Device, Vec<usize>) -> K::P + Sync,
 ) -> DTensor<K::P> {
-    let layout = Layout::replicated(mesh, shape.len());
+    let layout = crate::creation::layout_for(mesh.topology(), &shape);
     if let [device] = mesh.devices()
         && !mesh.topology().multi
     {
-        return DTensor::from_parts(shape, layout, vec![f(device)]);
+        return DTensor::from_parts(shape.clone(), layout, vec![f(device, shape)]);
     }
-    let created = Layout::created_on(mesh.topology(), shape.len());
+    if !layout.is_replicated() && holds_stacked::<B>(&layout, &shape) {
+        let p = f(&mesh.devices()[0], stack::stack_shape(&layout, &shape));
+        return stack::output(shape, layout, p);
+    }
     let plan = dedupe_plan(&[&layout], mesh.devices());
-    let shards = run_each(
-        mesh.devices().to_vec(),
-        &plan,
-        shape.iter().product(),
-        threads_for::<B>(),
-        |_, d| f(&d),
-    );
-    let t = DTensor::from_parts(shape, layout, shards);
-    if created.is_replicated() {
-        t
-    } else {
-        execute::<B, K>(t, &created)
+    let n = shape.iter().product();
+    let at: Vec<(B::Device, Vec<usize>)> = (0..mesh.devices().len())
+        .map(|j| {
+            let local = crate::shard::local_shape(&layout, &shape, layout.mesh.global(j));
+            (mesh.devices()[j].clone(), local)
+        })
+        .collect();
+    let shards = run_each(at, &plan, n, threads_for::<B>(), |_, (d, s)| f(&d, s));
+    DTensor::from_parts(shape, layout, shards)
+}
+
+/// Creation from host values made per shard: as [`create`], with each distinct shard's values
+/// made by `values(box)` (the global ranges the shard holds) and uploaded by `upload`. A random
+/// creation draws only its shards this way ([`crate::random`]).
+pub fn create_from_host<B: Backend, K: Kind<B>>(
+    mesh: &crate::Mesh<B::Device>,
+    shape: Vec<usize>,
+    values: impl Fn(&[std::ops::Range<usize>]) -> burn::tensor::TensorData + Sync,
+    upload: impl Fn(burn::tensor::TensorData, &B::Device) -> K::P + Sync,
+) -> DTensor<K::P> {
+    let layout = crate::creation::layout_for(mesh.topology(), &shape);
+    let ranges = |j: usize| crate::shard::local_ranges(&layout, &shape, layout.mesh.global(j));
+    if !layout.is_replicated() && holds_stacked::<B>(&layout, &shape) {
+        // The representative shards, row-major over the used axes, are the stacked buffer.
+        let mut bytes = Vec::new();
+        let mut dtype = None;
+        for i in (0..mesh.size()).filter(|&i| stack::is_representative(&layout, i)) {
+            let d = values(&ranges(i));
+            dtype = Some(d.dtype);
+            bytes.extend_from_slice(d.as_bytes());
+        }
+        let data = burn::tensor::TensorData::from_bytes_vec(
+            bytes,
+            stack::stack_shape(&layout, &shape),
+            dtype.expect("a mesh has a position"),
+        );
+        let p = upload(data, &mesh.devices()[0]);
+        return stack::output(shape, layout, p);
     }
+    let plan = dedupe_plan(&[&layout], mesh.devices());
+    let n = shape.iter().product();
+    let at: Vec<usize> = (0..mesh.devices().len()).collect();
+    let shards = run_each(at, &plan, n, threads_for::<B>(), |_, j| {
+        upload(values(&ranges(j)), &mesh.devices()[j])
+    });
+    DTensor::from_parts(shape, layout, shards)
 }

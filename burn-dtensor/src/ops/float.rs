@@ -8,7 +8,7 @@ use burn::tensor::{
 };
 
 use super::common as c;
-use super::dispatch::create;
+use super::dispatch::{create, create_from_host};
 use crate::ReduceOp;
 use crate::backend::DistributedBackend;
 use crate::rules::pointwise::Linearity;
@@ -31,24 +31,33 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
     fn float_from_data(data: TensorData, device: &Device<Self>) -> FloatTensor<Self> {
         c::from_data::<B, F>(data, device)
     }
-    /// Drawn once for the whole tensor on the mesh's first device and copied: the same global
-    /// values for the same seed, whatever the mesh and layout (unlike TF DTensor's per-shard
-    /// streams).
+    /// Drawn shard by shard from the counter-based stream ([`crate::random`]): each device
+    /// draws only the elements it holds, and the values are the same for every layout, mesh and
+    /// process count.
     fn float_random(
         shape: Shape,
         dist: Distribution,
         device: &Device<Self>,
         dtype: FloatDType,
     ) -> FloatTensor<Self> {
-        let devs = device.mesh.devices();
-        let full = B::float_random(shape.clone(), dist, &devs[0], dtype);
-        create::<B, F>(&device.mesh, shape.to_vec(), |d| {
-            if *d == devs[0] {
-                full.clone()
-            } else {
-                B::float_to_device(full.clone(), d)
-            }
-        })
+        let key = crate::random::next_key();
+        let dt: burn::tensor::DType = dtype.into();
+        let f64 = crate::random::draws_f64(dt);
+        let global = shape.to_vec();
+        create_from_host::<B, F>(
+            &device.mesh,
+            shape.to_vec(),
+            |ranges| crate::random::float_box(&global, ranges, dist, f64, key),
+            |data, d| {
+                let drawn = data.dtype;
+                let t = B::float_from_data(data, d);
+                if drawn == dt {
+                    t
+                } else {
+                    B::float_cast(t, dtype)
+                }
+            },
+        )
     }
     async fn float_into_data(
         t: FloatTensor<Self>,
@@ -64,29 +73,15 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
     fn float_into_int(t: FloatTensor<Self>, o: IntDType) -> IntTensor<Self> {
         c::unary::<B, F, IntKind>(t, Linearity::None, |x| B::float_into_int(x, o))
     }
-    fn float_empty(shape: Shape, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self> {
-        create::<B, F>(&device.mesh, shape.to_vec(), |d| {
-            B::float_empty(shape.clone(), d, dtype)
-        })
-    }
-    fn float_zeros(shape: Shape, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self> {
-        create::<B, F>(&device.mesh, shape.to_vec(), |d| {
-            B::float_zeros(shape.clone(), d, dtype)
-        })
-    }
-    fn float_ones(shape: Shape, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self> {
-        create::<B, F>(&device.mesh, shape.to_vec(), |d| {
-            B::float_ones(shape.clone(), d, dtype)
-        })
-    }
+    create_ops!(FloatTensor, F, FloatDType: float_empty, float_zeros, float_ones);
     fn float_full(
         shape: Shape,
         v: Scalar,
         device: &Device<Self>,
         dtype: FloatDType,
     ) -> FloatTensor<Self> {
-        create::<B, F>(&device.mesh, shape.to_vec(), |d| {
-            B::float_full(shape.clone(), v, d, dtype)
+        create::<B, F>(&device.mesh, shape.to_vec(), |d, s| {
+            B::float_full(s.into(), v, d, dtype)
         })
     }
 

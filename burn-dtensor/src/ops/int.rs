@@ -8,7 +8,7 @@ use burn::tensor::{
 };
 
 use super::common as c;
-use super::dispatch::create;
+use super::dispatch::{create, create_from_host};
 use crate::ReduceOp;
 use crate::backend::DistributedBackend;
 use crate::rules::pointwise::Linearity;
@@ -28,20 +28,31 @@ macro_rules! arg_reduce {
 }
 
 impl<B: Backend> IntTensorOps<Self> for DistributedBackend<B> {
-    fn int_empty(shape: Shape, device: &Device<Self>, dtype: IntDType) -> IntTensor<Self> {
-        create::<B, I>(&device.mesh, shape.to_vec(), |d| {
-            B::int_empty(shape.clone(), d, dtype)
-        })
-    }
-    fn int_zeros(shape: Shape, device: &Device<Self>, dtype: IntDType) -> IntTensor<Self> {
-        create::<B, I>(&device.mesh, shape.to_vec(), |d| {
-            B::int_zeros(shape.clone(), d, dtype)
-        })
-    }
-    fn int_ones(shape: Shape, device: &Device<Self>, dtype: IntDType) -> IntTensor<Self> {
-        create::<B, I>(&device.mesh, shape.to_vec(), |d| {
-            B::int_ones(shape.clone(), d, dtype)
-        })
+    create_ops!(IntTensor, I, IntDType: int_empty, int_zeros, int_ones);
+    /// `range.start + step * i` for the elements each device holds (never the whole range).
+    fn int_arange_step(
+        range: std::ops::Range<i64>,
+        step: usize,
+        device: &Device<Self>,
+        dtype: IntDType,
+    ) -> IntTensor<Self> {
+        let n = if range.end > range.start {
+            ((range.end - range.start) as u64).div_ceil(step.max(1) as u64) as usize
+        } else {
+            0
+        };
+        create_from_host::<B, I>(
+            &device.mesh,
+            vec![n],
+            |r| {
+                let v: Vec<i64> = r[0]
+                    .clone()
+                    .map(|i| range.start + (i * step) as i64)
+                    .collect();
+                TensorData::new(v, [r[0].len()]).convert_dtype(dtype.into())
+            },
+            |data, d| B::int_from_data(data, d),
+        )
     }
     async fn int_into_data(
         t: IntTensor<Self>,
@@ -183,22 +194,22 @@ impl<B: Backend> IntTensorOps<Self> for DistributedBackend<B> {
         let shape = t.shape.clone();
         c::along::<B, I, I>(t, axes, shape, |x| B::int_flip(x, axes))
     }
-    /// Drawn once for the whole tensor and copied (mesh-independent values).
+    /// Drawn shard by shard from the counter-based stream ([`crate::random`]): the same values
+    /// for every layout, mesh and process count.
     fn int_random(
         shape: Shape,
         dist: Distribution,
         device: &Device<Self>,
         dtype: IntDType,
     ) -> IntTensor<Self> {
-        let devs = device.mesh.devices();
-        let full = B::int_random(shape.clone(), dist, &devs[0], dtype);
-        create::<B, I>(&device.mesh, shape.to_vec(), |d| {
-            if *d == devs[0] {
-                full.clone()
-            } else {
-                B::int_to_device(full.clone(), d)
-            }
-        })
+        let key = crate::random::next_key();
+        let global = shape.to_vec();
+        create_from_host::<B, I>(
+            &device.mesh,
+            shape.to_vec(),
+            |ranges| crate::random::int_box(&global, ranges, dist, dtype, key),
+            |data, d| B::int_from_data(data, d),
+        )
     }
     fn int_expand(t: IntTensor<Self>, shape: Shape) -> IntTensor<Self> {
         c::expand::<B, I>(t, shape.to_vec(), B::int_expand)

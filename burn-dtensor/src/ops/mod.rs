@@ -50,6 +50,15 @@ macro_rules! along_dim_ops {
         }
     )*};
 }
+/// Creation ops filled by shape alone (`empty`, `zeros`, `ones`): each distinct shard made at
+/// its own shape on its device ([`dispatch::create`]), never the whole tensor.
+macro_rules! create_ops {
+    ($P:ident, $K:ty, $DT:ty: $($name:ident),* $(,)?) => {$(
+        fn $name(shape: Shape, device: &Device<DistributedBackend<B>>, dtype: $DT) -> $P<DistributedBackend<B>> {
+            create::<B, $K>(&device.mesh, shape.to_vec(), |d, s| B::$name(s.into(), d, dtype))
+        }
+    )*};
+}
 
 // The macros above are textually scoped into the op modules declared below.
 pub mod dispatch;

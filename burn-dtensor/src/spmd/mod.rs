@@ -77,6 +77,42 @@ pub trait ProcessGroup: Send + Sync {
     /// The concatenation, in rank order, of every member's `send`; member `r` sends `counts[r]`
     /// bytes (uneven and empty parts allowed).
     fn all_gather(&self, send: &[u8], counts: &[usize], what: &str) -> Vec<u8>;
+    /// The personalised exchange: member `r` receives, from every member `q` in rank order,
+    /// the part of `q`'s `send` addressed to `r`. `send` holds this member's parts for members
+    /// `0..size` back to back, `send_counts[r]` bytes for member `r`; `recv_counts[q]` is what
+    /// `q` sends here (uneven and empty parts allowed). Returns the received parts back to back.
+    ///
+    /// The default moves every member's whole `send` to everyone (an all-gather of the counts,
+    /// then of the buffers): correct, `size` times the bytes; engines with a native all-to-all
+    /// (MPI's `MPI_Alltoallv`) override it.
+    fn all_to_all(
+        &self,
+        send: &[u8],
+        send_counts: &[usize],
+        recv_counts: &[usize],
+        what: &str,
+    ) -> Vec<u8> {
+        let n = self.size();
+        let mine: Vec<u8> = send_counts
+            .iter()
+            .flat_map(|c| (*c as u64).to_le_bytes())
+            .collect();
+        let counts = self.all_gather(&mine, &vec![8 * n; n], what);
+        let count = |q: usize, r: usize| {
+            let at = (q * n + r) * 8;
+            u64::from_le_bytes(counts[at..at + 8].try_into().unwrap()) as usize
+        };
+        let totals: Vec<usize> = (0..n).map(|q| (0..n).map(|r| count(q, r)).sum()).collect();
+        let all = self.all_gather(send, &totals, what);
+        let (me, mut out, mut base) = (self.rank(), Vec::new(), 0);
+        for q in 0..n {
+            let off: usize = (0..me).map(|r| count(q, r)).sum();
+            debug_assert_eq!(count(q, me), recv_counts[q]);
+            out.extend_from_slice(&all[base + off..base + off + count(q, me)]);
+            base += totals[q];
+        }
+        out
+    }
     /// Gives every member the `buf` of member `root` (all pass buffers of the same length).
     fn broadcast(&self, buf: &mut [u8], root: usize, what: &str);
     /// Ends every process of the job with exit status `code` (`MPI_Abort` on the world): the
