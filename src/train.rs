@@ -330,7 +330,12 @@ impl<I: Backend> Placement for Single<I> {
     /// bare backend, so that `--mode single` and the sharded modes start alike for a seed.
     fn prepare_model(&self, model: ImdbMlp<Self::AD>) -> Result<ImdbMlp<Self::AD>, AppError> {
         let one = DistributedDevice::new(Mesh::single(self.device.clone()));
-        let drawn = crate::model::param_values(&ImdbMlp::<DistributedBackend<I>>::new(&one));
+        let (w1, w2) = (
+            model.dense1.weight.lazy_shape(),
+            model.dense2.weight.lazy_shape(),
+        );
+        let twin = ImdbMlp::<DistributedBackend<I>>::with_dims(w1[0], w1[1], w2[1], &one);
+        let drawn = crate::model::param_values(&twin);
         Ok(crate::model::with_param_values(model, drawn))
     }
     fn mesh_desc(&self) -> String {
