@@ -294,15 +294,15 @@ mod tests {
     #[test]
     fn ranges_of_each_distribution() {
         let s = [4096];
-        let all = [0..4096];
-        let u = float_box(&s, &all, Distribution::Uniform(-2.0, 3.0), false, key());
+        let all = std::slice::from_ref(&(0..4096));
+        let u = float_box(&s, all, Distribution::Uniform(-2.0, 3.0), false, key());
         assert!(
             u.to_vec::<f32>()
                 .unwrap()
                 .iter()
                 .all(|v| (-2.0..3.0).contains(v))
         );
-        let b = float_box(&s, &all, Distribution::Bernoulli(0.25), true, key());
+        let b = float_box(&s, all, Distribution::Bernoulli(0.25), true, key());
         assert!(
             b.to_vec::<f64>()
                 .unwrap()
@@ -311,7 +311,7 @@ mod tests {
         );
         let i = int_box(
             &s,
-            &all,
+            all,
             Distribution::Uniform(-3.0, 5.0),
             IntDType::I32,
             key(),
@@ -321,7 +321,7 @@ mod tests {
         for v in -3..5 {
             assert!(iv.contains(&v), "{v} never drawn");
         }
-        let i8s = int_box(&s, &all, Distribution::Default, IntDType::I8, key());
+        let i8s = int_box(&s, all, Distribution::Default, IntDType::I8, key());
         let v8 = i8s.to_vec::<i8>().unwrap();
         assert!(v8.iter().any(|v| *v < 0) && v8.iter().any(|v| *v > 0));
     }
