@@ -36,8 +36,13 @@ impl<B: Backend> IntTensorOps<Self> for DistributedBackend<B> {
         device: &Device<Self>,
         dtype: IntDType,
     ) -> IntTensor<Self> {
+        if step == 0 {
+            // The inner backend's own refusal (`step_by(0)` panics), as on one device.
+            let t = B::int_arange_step(range, step, &device.mesh.devices()[0], dtype);
+            return c::from_data::<B, I>(<I as crate::tensor::Kind<B>>::into_data(t), device);
+        }
         let n = if range.end > range.start {
-            ((range.end - range.start) as u64).div_ceil(step.max(1) as u64) as usize
+            ((range.end - range.start) as u64).div_ceil(step as u64) as usize
         } else {
             0
         };
