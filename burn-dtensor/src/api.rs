@@ -146,7 +146,7 @@ type InnerDevice<B> = <<B as DistributedOps>::Inner as BackendTypes>::Device;
 ///
 /// # Errors
 /// [`DTensorError::UnknownMesh`] when the layout was built on a mesh of another device type.
-fn mesh_of_layout<B: DistributedOps>(layout: &Layout) -> Result<Mesh<InnerDevice<B>>> {
+pub(crate) fn mesh_of_layout<B: DistributedOps>(layout: &Layout) -> Result<Mesh<InnerDevice<B>>> {
     Mesh::from_registry(layout.mesh.id).ok_or_else(|| DTensorError::UnknownMesh {
         mesh: layout.mesh.to_string(),
         backend: std::any::type_name::<B::Inner>().to_string(),

@@ -233,6 +233,16 @@ pub enum DTensorError {
     /// built without the `mpi` feature.
     #[error("multi-process start-up failed: {0}")]
     Spmd(String),
+    /// A sharded checkpoint ([`crate::checkpoint`]) that cannot be written or read: a missing,
+    /// damaged or foreign file, or a tensor that does not match the one being loaded. `path` is
+    /// the checkpoint directory or the file at fault; `reason` names the tensor and says what to do.
+    #[error("checkpoint {path}: {reason}")]
+    Checkpoint {
+        /// The checkpoint directory or file.
+        path: String,
+        /// What is wrong (naming the tensor and file) and how to fix it.
+        reason: String,
+    },
     /// Host data whose dtype is not supported by `distribute` (e.g. quantized data).
     #[error("unsupported data for this operation: {0}")]
     Unsupported(String),

@@ -57,6 +57,7 @@
 mod api;
 mod autodiff;
 mod backend;
+pub mod checkpoint;
 mod collective;
 mod comm;
 mod creation;

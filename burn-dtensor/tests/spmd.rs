@@ -24,6 +24,11 @@ type Dev = NdArrayDevice;
 
 /// Runs `name` (this binary's test of that name) as `np` MPI processes; `true` when it ran.
 fn launch(name: &str, np: usize) -> bool {
+    launch_with(name, np, &[])
+}
+
+/// [`launch`] with environment variables for the processes.
+fn launch_with(name: &str, np: usize, env: &[(&str, &str)]) -> bool {
     let require = std::env::var("BURN_DTENSOR_REQUIRE_MPI").is_ok_and(|v| v == "1");
     let skip = |why: &str| {
         assert!(!require, "{why} (BURN_DTENSOR_REQUIRE_MPI=1)");
@@ -44,6 +49,7 @@ fn launch(name: &str, np: usize) -> bool {
         .args([name, "--exact", "--test-threads=1", "--nocapture"])
         .env("BURN_DTENSOR_SPMD_WORKER", "1")
         .env("BURN_DTENSOR_COLLECTIVE_TIMEOUT_S", "60")
+        .envs(env.iter().copied())
         .output()
         .expect("running mpirun");
     let text = format!(
@@ -941,4 +947,141 @@ fn two_hosts_as_network_namespaces() {
         "the ranks should run in two network namespaces:\n{text}"
     );
     drop(hosts);
+}
+
+/// Bytes this process has read through `read`/`pread` so far (`rchar` of `/proc/self/io`).
+fn read_bytes() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/io").unwrap();
+    let line = s.lines().find(|l| l.starts_with("rchar:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Sharded checkpoints across processes: 4, then 2, then 1 process(es) each write a checkpoint
+/// of the same tensors (uneven shards, a replicated one, a pending sum) and read back every
+/// checkpoint written so far under every settled layout of meshes of 4 and 8 positions: the
+/// values are bitwise the written ones, every process's shards their box. Each distinct shard is
+/// written once (the replicated tensor by the chief alone), and a process reading its share of
+/// a sharded 8 MiB tensor reads about that share from disk, not the whole tensor.
+#[test]
+fn sharded_checkpoint_across_processes() {
+    use burn_dtensor::checkpoint::{Checkpoint, SaveOptions, StateDict, save};
+    let name = "sharded_checkpoint_across_processes";
+    if !is_worker() {
+        let root = std::env::temp_dir().join(format!("dtensor-spmd-ckpt-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        let dir = root.display().to_string();
+        for np in [4, 2, 1] {
+            if !launch_with(name, np, &[("DTENSOR_TEST_CKPT", &dir)]) {
+                break;
+            }
+        }
+        std::fs::remove_dir_all(&root).unwrap();
+        return;
+    }
+    let root = std::path::PathBuf::from(std::env::var("DTENSOR_TEST_CKPT").unwrap());
+    let w = spmd::init().unwrap();
+    let n = w.size();
+    let m = Mesh::spmd([("x", 2), ("y", 4)], vec![Dev::default(); 8 / n]).unwrap();
+    let shape = [37, 26];
+    let want = data(shape, 5);
+    let wv: Vec<f32> = want.to_vec().unwrap();
+    let cols = Layout::new(&m, [UNSHARDED, "y"]).unwrap();
+    let both = Layout::new(&m, ["y", UNSHARDED]).unwrap();
+    let mut state = StateDict::new();
+    state
+        .insert(
+            "model.w",
+            distribute::<DB, 2, burn::tensor::Float>(want.clone(), &cols).unwrap(),
+        )
+        .unwrap();
+    state
+        .insert(
+            "rep",
+            distribute::<DB, 2, burn::tensor::Float>(want.clone(), &Layout::replicated(&m, 2))
+                .unwrap(),
+        )
+        .unwrap();
+    let half = distribute::<DB, 2, burn::tensor::Float>(want.clone(), &both).unwrap() * 0.5;
+    state
+        .insert(
+            "pending",
+            half.relayout(&both.clone().with_partial(0, ReduceOp::Sum))
+                .unwrap(),
+        )
+        .unwrap();
+    let big = TensorData::new(
+        (0..2048 * 1024).map(|i| i as f32).collect::<Vec<_>>(),
+        [2048, 1024],
+    );
+    let rows = Layout::new(&m, ["x", "y"]).unwrap();
+    state
+        .insert(
+            "big",
+            distribute::<DB, 2, burn::tensor::Float>(big.clone(), &rows).unwrap(),
+        )
+        .unwrap();
+    let meta = save(
+        &root.join(format!("by-{n}")),
+        state,
+        &SaveOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(meta.processes, n);
+    assert_eq!(meta.tensors["model.w"].shards.len(), 4);
+    assert_eq!(meta.tensors["pending"].shards.len(), 4);
+    assert_eq!(meta.tensors["big"].shards.len(), 8);
+    let rep = &meta.tensors["rep"].shards;
+    assert_eq!(
+        (rep.len(), rep[0].file.as_str()),
+        (1, format!("shards-00000-of-{n:05}.safetensors").as_str())
+    );
+    // Every checkpoint written so far (by 4, 2 and this count), under every layout.
+    let mut written: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    written.sort();
+    for dir in written
+        .iter()
+        .filter(|d| d.file_name().unwrap().to_string_lossy().starts_with("by-"))
+    {
+        let ckpt = Checkpoint::open(dir).unwrap();
+        for mm in meshes() {
+            for l in layouts(&mm).into_iter().filter(|l| !l.is_partial()) {
+                for (t, scale) in [("model.w", 1.0), ("rep", 1.0), ("pending", 0.5)] {
+                    let wv: Vec<f32> = wv.iter().map(|v| v * scale).collect();
+                    let got: Tensor<DB, 2> = ckpt.read(t, &l).unwrap();
+                    let what = format!("{t} from {} as {l}", dir.display());
+                    for (j, s) in got.clone().to_local_shards().into_iter().enumerate() {
+                        let r = l.shard_ranges(&shape, mm.topology().global(j));
+                        let v: Vec<f32> = s.into_data().to_vec().unwrap();
+                        assert!(v == extract(&wv, &shape, &r), "{what}: position {j}");
+                    }
+                    assert!(got.into_data().to_vec::<f32>().unwrap() == wv, "{what}");
+                }
+            }
+        }
+        // This process's share of the 8 MiB tensor, sharded by rows over the processes.
+        let p = Mesh::spmd([("p", n)], vec![Dev::default()]).unwrap();
+        let share = Layout::new(&p, ["p", UNSHARDED]).unwrap();
+        let before = read_bytes();
+        let got: Tensor<DB, 2> = ckpt.read("big", &share).unwrap();
+        let read = read_bytes() - before;
+        let bytes = 2048 * 1024 * 4 / n as u64;
+        // Whole checksum blocks are read: at most one block more per saved shard overlapped.
+        let slack = 8 * burn_dtensor::checkpoint::BLOCK_BYTES as u64;
+        println!("rank {}: read {read} B for a {bytes} B share", w.rank());
+        assert!(read <= bytes + slack, "read {read} B for a {bytes} B share");
+        let r = share.shard_ranges(&[2048, 1024], p.topology().global(0));
+        let v: Vec<f32> = got.to_local_shards()[0]
+            .clone()
+            .into_data()
+            .to_vec()
+            .unwrap();
+        assert_eq!(v[0], (r[0].start * 1024) as f32);
+        assert_eq!(v.len(), r[0].len() * 1024);
+        assert_eq!(*v.last().unwrap(), (r[0].end * 1024 - 1) as f32);
+    }
+    done(name);
 }

@@ -315,6 +315,16 @@ impl World {
         Ok(())
     }
 
+    /// Every process's `mine` (any length), in rank order: a collective that every process
+    /// calls in the same order (`[mine]` in a world of one). Small control messages only (a
+    /// checkpoint's shard index, say): the bytes go through two all-gathers.
+    pub fn all_gather_bytes(&self, mine: &[u8], what: &str) -> Vec<Vec<u8>> {
+        match &self.group {
+            Some(g) => gather_bytes(g.as_ref(), mine, what),
+            None => vec![mine.to_vec()],
+        }
+    }
+
     /// Waits until every process gets here.
     pub fn barrier(&self) {
         if let Some(g) = &self.group {

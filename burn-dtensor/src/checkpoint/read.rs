@@ -1,0 +1,225 @@
+//! Reading boxes of a sharded checkpoint's tensors: only the checksum blocks of the saved shards
+//! that overlap the box are read (resharding on load, as PyTorch DCP's load planner and Orbax
+//! do), and each block read is verified against its CRC-32.
+
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use burn::tensor::{DType, TensorData};
+
+use super::ckpt_err;
+use super::format::{self, BLOCK_BYTES, ShardMetadata, TensorMetadata};
+use crate::error::Result;
+
+/// Most bytes read in one go (a run of consecutive blocks); bounds the host memory of a read
+/// beside the box itself.
+const READ_CHUNK: usize = 16 * BLOCK_BYTES;
+
+/// The values of `ranges` (a box of the global tensor `name`) from the checkpoint in `dir`,
+/// in the saved dtype, row-major.
+///
+/// # Errors
+/// A box outside the tensor or not covered by its shards, a missing or short file, or a block
+/// whose checksum differs ([`crate::DTensorError::Checkpoint`] naming tensor and file).
+pub(super) fn read_box(
+    dir: &Path,
+    name: &str,
+    t: &TensorMetadata,
+    ranges: &[Range<usize>],
+) -> Result<TensorData> {
+    let dtype = format::dtype_of_name(&t.dtype).ok_or_else(|| {
+        ckpt_err(
+            dir,
+            format!(
+                "tensor `{name}` has dtype {} which this build cannot read",
+                t.dtype
+            ),
+        )
+    })?;
+    let elem = match dtype {
+        DType::Bool(_) => 1,
+        d => d.size(),
+    };
+    let sizes: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
+    let n: usize = sizes.iter().product();
+    let mut out = vec![0u8; n * elem];
+    let mut covered = 0usize;
+    for shard in &t.shards {
+        covered += copy_overlap(dir, name, shard, ranges, elem, &mut out)?;
+    }
+    if covered != n {
+        return Err(ckpt_err(
+            dir,
+            format!(
+                "tensor `{name}`: the shards listed cover {covered} of the {n} elements of box \
+                 {ranges:?} (a shard is missing from the metadata or the tensor's shards overlap); \
+                 the checkpoint is incomplete"
+            ),
+        ));
+    }
+    Ok(match dtype {
+        DType::Bool(_) => TensorData::new(out.into_iter().map(|b| b != 0).collect(), sizes),
+        d => TensorData::from_bytes_vec(out, sizes, d),
+    })
+}
+
+/// Copies the part of `shard` inside `ranges` into `out` (the box, row-major); returns the
+/// number of elements copied.
+fn copy_overlap(
+    dir: &Path,
+    name: &str,
+    shard: &ShardMetadata,
+    ranges: &[Range<usize>],
+    elem: usize,
+    out: &mut [u8],
+) -> Result<usize> {
+    let rank = ranges.len();
+    let sr = shard.ranges();
+    if sr.len() != rank {
+        return Err(ckpt_err(
+            dir,
+            format!(
+                "tensor `{name}`: a shard of rank {} in {}",
+                sr.len(),
+                shard.file
+            ),
+        ));
+    }
+    let ov: Vec<Range<usize>> = sr
+        .iter()
+        .zip(ranges)
+        .map(|(a, b)| a.start.max(b.start)..a.end.min(b.end).max(a.start.max(b.start)))
+        .collect();
+    let count: usize = ov.iter().map(|r| r.len()).product();
+    if count == 0 {
+        return Ok(0);
+    }
+    // Runs: the overlap is contiguous (in the shard and in the box) along the trailing dims it
+    // covers whole in both, plus the next one.
+    let mut inner = 1usize; // elements per run
+    let mut split = rank; // dims [split..] are inside one run
+    while split > 0 {
+        let d = split - 1;
+        inner *= ov[d].len();
+        split = d;
+        if ov[d].len() != sr[d].len() || ov[d].len() != ranges[d].len() {
+            break;
+        }
+    }
+    let strides = |sizes: &[usize]| {
+        let mut s = vec![1usize; rank];
+        for d in (0..rank.saturating_sub(1)).rev() {
+            s[d] = s[d + 1] * sizes[d + 1];
+        }
+        s
+    };
+    let s_str = strides(&shard.sizes);
+    let b_sizes: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
+    let b_str = strides(&b_sizes);
+    // Every run's (offset in the shard, offset in the box), in elements, in the shard's order.
+    let outer: Vec<Range<usize>> = ov[..split].to_vec();
+    let total: usize = outer.iter().map(|r| r.len()).product();
+    let mut runs = Vec::with_capacity(total);
+    for k in 0..total {
+        // The k-th outer index, row-major.
+        let mut rest = k;
+        let mut so = 0;
+        let mut bo = 0;
+        for d in (0..rank).rev() {
+            let g = if d < split {
+                let g = outer[d].start + rest % outer[d].len();
+                rest /= outer[d].len();
+                g
+            } else {
+                ov[d].start
+            };
+            so += (g - sr[d].start) * s_str[d];
+            bo += (g - ranges[d].start) * b_str[d];
+        }
+        runs.push((so * elem, bo * elem));
+    }
+    let run_bytes = inner * elem;
+    let path = dir.join(&shard.file);
+    let file = std::fs::File::open(&path).map_err(|e| {
+        ckpt_err(
+            &path,
+            format!("tensor `{name}`: its shard file cannot be opened ({e}); the checkpoint is incomplete"),
+        )
+    })?;
+    let shard_len = (shard.byte_range.1 - shard.byte_range.0) as usize;
+    let expected_len = shard.sizes.iter().product::<usize>() * elem;
+    if shard_len != expected_len || shard.block_crc32.len() != shard_len.div_ceil(BLOCK_BYTES) {
+        return Err(ckpt_err(
+            &path,
+            format!(
+                "tensor `{name}`: the metadata of shard {:?} is inconsistent",
+                shard.offsets
+            ),
+        ));
+    }
+    // The blocks the runs touch, read in chunks of consecutive blocks and verified.
+    let mut blocks: Vec<usize> = runs
+        .iter()
+        .flat_map(|&(so, _)| so / BLOCK_BYTES..=(so + run_bytes - 1) / BLOCK_BYTES)
+        .collect();
+    blocks.dedup();
+    blocks.sort_unstable();
+    blocks.dedup();
+    let mut i = 0;
+    let mut run_at = 0; // first run not yet fully copied (runs are in shard order)
+    while i < blocks.len() {
+        let first = blocks[i];
+        let mut last = first;
+        while i + 1 < blocks.len()
+            && blocks[i + 1] == last + 1
+            && (blocks[i + 1] + 1 - first) * BLOCK_BYTES <= READ_CHUNK
+        {
+            i += 1;
+            last = blocks[i];
+        }
+        i += 1;
+        let lo = first * BLOCK_BYTES;
+        let hi = ((last + 1) * BLOCK_BYTES).min(shard_len);
+        let mut buf = vec![0u8; hi - lo];
+        file.read_exact_at(&mut buf, shard.byte_range.0 + lo as u64)
+            .map_err(|e| {
+                ckpt_err(
+                    &path,
+                    format!(
+                        "tensor `{name}`: shard {:?} is cut short ({e}); the file is damaged",
+                        shard.offsets
+                    ),
+                )
+            })?;
+        for (k, block) in buf.chunks(BLOCK_BYTES).enumerate() {
+            if crc32fast::hash(block) != shard.block_crc32[first + k] {
+                return Err(ckpt_err(
+                    &path,
+                    format!(
+                        "tensor `{name}`: shard {:?} fails its checksum (block {} of {}); the file \
+                         is damaged, restore it or use an earlier checkpoint",
+                        shard.offsets,
+                        first + k,
+                        shard.block_crc32.len()
+                    ),
+                ));
+            }
+        }
+        // Copy the parts of runs inside [lo, hi).
+        let mut r = run_at;
+        while r < runs.len() && runs[r].0 < hi {
+            let (so, bo) = runs[r];
+            let a = so.max(lo);
+            let b = (so + run_bytes).min(hi);
+            if a < b {
+                out[bo + (a - so)..bo + (b - so)].copy_from_slice(&buf[a - lo..b - lo]);
+            }
+            if so + run_bytes <= hi {
+                run_at = r + 1;
+            }
+            r += 1;
+        }
+    }
+    Ok(count)
+}
