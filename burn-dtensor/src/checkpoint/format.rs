@@ -45,6 +45,9 @@ pub struct CheckpointMetadata {
     /// Every tensor by name (module parameter path such as `dense1.weight`, or a name given to
     /// [`StateDict::insert`](super::StateDict::insert)).
     pub tensors: BTreeMap<String, TensorMetadata>,
+    /// Counters by name (an optimizer's step count, the epochs done), written by the chief.
+    #[serde(default)]
+    pub counters: BTreeMap<String, u64>,
 }
 
 /// One tensor of a checkpoint.

@@ -58,6 +58,7 @@
 //! the tensor and the file.
 
 pub mod format;
+mod optim;
 mod read;
 mod write;
 
@@ -71,6 +72,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{BasicOps, Bool, DType, Int, Tensor, TensorData};
 
 pub use format::{BLOCK_BYTES, CheckpointMetadata, METADATA_FILE, ShardMetadata, TensorMetadata};
+pub use optim::{ShardedOptimizer, StateParts};
 
 use crate::api::{DTensorExt, DistributedKind, DistributedOps};
 use crate::error::{DTensorError, Result};
@@ -111,6 +113,7 @@ impl SaveOptions {
 #[derive(Default)]
 pub struct StateDict {
     tensors: BTreeMap<String, TensorMetadata>,
+    counters: BTreeMap<String, u64>,
     owned: Vec<write::OwnedShard>,
 }
 
@@ -123,6 +126,23 @@ impl StateDict {
     /// The names inserted so far, sorted.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.tensors.keys().map(String::as_str)
+    }
+
+    /// Adds a counter (an optimizer's step count, epochs done) under `name`; the chief's value
+    /// is the one written.
+    ///
+    /// # Errors
+    /// [`DTensorError::Checkpoint`] for a name already present.
+    pub fn insert_counter(&mut self, name: impl Into<String>, value: u64) -> Result<()> {
+        let name = name.into();
+        if self.tensors.contains_key(&name) || self.counters.contains_key(&name) {
+            return Err(ckpt_err(
+                Path::new("<state dict>"),
+                format!("`{name}` inserted twice"),
+            ));
+        }
+        self.counters.insert(name, value);
+        Ok(())
     }
 
     /// Adds `tensor` (global shape, any layout; float, int or bool) under `name`.
@@ -142,7 +162,7 @@ impl StateDict {
     {
         let name = name.into();
         let here = Path::new("<state dict>");
-        if self.tensors.contains_key(&name) {
+        if self.tensors.contains_key(&name) || self.counters.contains_key(&name) {
             return Err(ckpt_err(here, format!("tensor `{name}` inserted twice")));
         }
         let shape = tensor.dims().to_vec();
@@ -311,6 +331,18 @@ impl Checkpoint {
     /// The checkpoint's metadata.
     pub fn metadata(&self) -> &CheckpointMetadata {
         &self.meta
+    }
+
+    /// The counter `name` ([`StateDict::insert_counter`]).
+    ///
+    /// # Errors
+    /// [`DTensorError::Checkpoint`] when the checkpoint has no such counter.
+    pub fn counter(&self, name: &str) -> Result<u64> {
+        self.meta
+            .counters
+            .get(name)
+            .copied()
+            .ok_or_else(|| ckpt_err(&self.dir, format!("no counter `{name}` in this checkpoint")))
     }
 
     /// The directory.

@@ -152,7 +152,11 @@ pub(super) fn save(dir: &Path, state: StateDict, opts: &SaveOptions) -> Result<C
     // This process's file: the distinct shards it owns.
     let file = format::shard_file(rank, size);
     let path = tmp.join(&file);
-    let StateDict { tensors, owned } = state;
+    let StateDict {
+        tensors,
+        counters,
+        owned,
+    } = state;
     // Each process reports its shard index or its error, so that a failed write on one rank
     // is an error on every rank (never a rank waiting for another that gave up).
     let mine = match write_file(&path, owned, opts) {
@@ -176,6 +180,7 @@ pub(super) fn save(dir: &Path, state: StateDict, opts: &SaveOptions) -> Result<C
         version: format::VERSION,
         processes: size,
         tensors,
+        counters,
     };
     for (r, bytes) in all.iter().enumerate() {
         match bytes.split_first() {

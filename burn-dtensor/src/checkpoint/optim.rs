@@ -1,0 +1,329 @@
+//! Optimizer state in a sharded checkpoint: the per-parameter state of Burn's `SimpleOptimizer`s
+//! (Adam's and AdamW's moments and step count; SGD without momentum has none), saved under the
+//! parameter's module path (`optim.dense1.weight.moment_1`) in the parameter's layout, so that
+//! it reshards on load exactly as the parameter does (PyTorch DCP flattens the optimizer state
+//! dict by parameter name the same way).
+
+use std::collections::HashMap;
+
+use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::record::AdaptorRecord;
+use burn::optim::{
+    Adam, AdamState, AdamW, AdamWState, AdaptiveMomentumState, Optimizer, Sgd, SgdState,
+    SimpleOptimizer,
+};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Float, Tensor};
+
+use super::{Checkpoint, StateDict, ckpt_err};
+use crate::api::{DTensorExt, DistributedOps};
+use crate::error::{DTensorError, Result};
+
+/// The tensors and step counters of one parameter's optimizer state (tensors of the parameter's
+/// global shape).
+pub struct StateParts<B: Backend, const D: usize> {
+    /// Tensors by name (`moment_1`), in [`ShardedOptimizer::TENSORS`] order.
+    pub tensors: Vec<Tensor<B, D>>,
+    /// Counters by name (`time`), in [`ShardedOptimizer::COUNTERS`] order.
+    pub counters: Vec<u64>,
+}
+
+/// A Burn `SimpleOptimizer` whose per-parameter state a sharded checkpoint can hold: the state
+/// as named tensors of the parameter's shape plus named counters.
+pub trait ShardedOptimizer<B: Backend>: SimpleOptimizer<B> {
+    /// Names of the state's tensors (`["moment_1", "moment_2"]` for Adam).
+    const TENSORS: &'static [&'static str];
+    /// Names of the state's counters (`["time"]` for Adam).
+    const COUNTERS: &'static [&'static str];
+    /// The state's parts.
+    ///
+    /// # Errors
+    /// [`DTensorError::Unsupported`] for a state this build cannot take apart.
+    fn into_parts<const D: usize>(state: Self::State<D>) -> Result<StateParts<B, D>>;
+    /// The state from its parts.
+    fn from_parts<const D: usize>(parts: StateParts<B, D>) -> Self::State<D>;
+}
+
+fn adaptive<B: Backend, const D: usize>(
+    m: AdaptiveMomentumState<B, D>,
+) -> Result<StateParts<B, D>> {
+    if m.max_moment_2.is_some() {
+        return Err(DTensorError::Unsupported(
+            "AMSGrad's running maximum is not saved in sharded checkpoints yet; use Adam without              amsgrad"
+                .into(),
+        ));
+    }
+    Ok(StateParts {
+        tensors: vec![m.moment_1, m.moment_2],
+        counters: vec![m.time as u64],
+    })
+}
+
+fn adaptive_from<B: Backend, const D: usize>(
+    mut p: StateParts<B, D>,
+) -> AdaptiveMomentumState<B, D> {
+    let moment_2 = p.tensors.pop().expect("two tensors");
+    let moment_1 = p.tensors.pop().expect("two tensors");
+    AdaptiveMomentumState {
+        time: p.counters[0] as usize,
+        moment_1,
+        moment_2,
+        max_moment_2: None,
+    }
+}
+
+impl<B: Backend> ShardedOptimizer<B> for Adam {
+    const TENSORS: &'static [&'static str] = &["moment_1", "moment_2"];
+    const COUNTERS: &'static [&'static str] = &["time"];
+    fn into_parts<const D: usize>(state: AdamState<B, D>) -> Result<StateParts<B, D>> {
+        adaptive(state.momentum)
+    }
+    fn from_parts<const D: usize>(parts: StateParts<B, D>) -> AdamState<B, D> {
+        AdamState {
+            momentum: adaptive_from(parts),
+        }
+    }
+}
+
+impl<B: Backend> ShardedOptimizer<B> for AdamW {
+    const TENSORS: &'static [&'static str] = &["moment_1", "moment_2"];
+    const COUNTERS: &'static [&'static str] = &["time"];
+    fn into_parts<const D: usize>(state: AdamWState<B, D>) -> Result<StateParts<B, D>> {
+        adaptive(state.momentum)
+    }
+    fn from_parts<const D: usize>(parts: StateParts<B, D>) -> AdamWState<B, D> {
+        AdamWState {
+            momentum: adaptive_from(parts),
+        }
+    }
+}
+
+/// SGD without momentum (its state holds nothing). Burn 0.21's `MomentumState` has no public
+/// constructor, so SGD's momentum buffers cannot be rebuilt from shards: saving them is a typed
+/// error.
+impl<B: Backend> ShardedOptimizer<B> for Sgd<B> {
+    const TENSORS: &'static [&'static str] = &[];
+    const COUNTERS: &'static [&'static str] = &[];
+    fn into_parts<const D: usize>(state: SgdState<B, D>) -> Result<StateParts<B, D>> {
+        if state.momentum.is_some() {
+            return Err(DTensorError::Unsupported(
+                "SGD's momentum buffers cannot be saved in a sharded checkpoint (Burn 0.21's \
+                 MomentumState cannot be rebuilt from its tensors); use Adam or SGD without momentum"
+                    .into(),
+            ));
+        }
+        Ok(StateParts {
+            tensors: Vec::new(),
+            counters: Vec::new(),
+        })
+    }
+    fn from_parts<const D: usize>(_parts: StateParts<B, D>) -> SgdState<B, D> {
+        SgdState { momentum: None }
+    }
+}
+
+fn key(prefix: &str, path: &str, part: &str) -> String {
+    format!("{prefix}.{path}.{part}")
+}
+
+/// The optimizer's state, parameter by parameter of `model` (the visit gives each parameter's
+/// rank), into a state dict.
+struct Collect<'a, O, AB>
+where
+    AB: AutodiffBackend,
+    O: SimpleOptimizer<AB::InnerBackend>,
+{
+    prefix: &'a str,
+    path: Vec<String>,
+    records: HashMap<ParamId, AdaptorRecord<O, AB>>,
+    state: &'a mut StateDict,
+    error: Option<DTensorError>,
+}
+
+impl<O, AB> ModuleVisitor<AB> for Collect<'_, O, AB>
+where
+    AB: AutodiffBackend,
+    AB::InnerBackend: DistributedOps,
+    O: ShardedOptimizer<AB::InnerBackend>,
+{
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_string());
+    }
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
+        if self.error.is_some() {
+            return;
+        }
+        let Some(record) = self.records.remove(&param.id) else {
+            return; // no state yet (the parameter was never stepped)
+        };
+        let path = self.path.join(".");
+        let r = O::into_parts(record.into_state::<D>()).and_then(|parts| {
+            for (name, t) in O::TENSORS.iter().zip(parts.tensors) {
+                self.state.insert(key(self.prefix, &path, name), t)?;
+            }
+            for (name, v) in O::COUNTERS.iter().zip(parts.counters) {
+                self.state
+                    .insert_counter(key(self.prefix, &path, name), v)?;
+            }
+            if O::TENSORS.is_empty() && O::COUNTERS.is_empty() {
+                // A state with nothing in it still marks the parameter as stepped.
+                self.state
+                    .insert_counter(key(self.prefix, &path, "stepped"), 1)?;
+            }
+            Ok(())
+        });
+        if let Err(e) = r {
+            self.error = Some(e);
+        }
+    }
+}
+
+impl StateDict {
+    /// Adds the state of `optim` for every parameter of `model` under `prefix`
+    /// (`optim.dense1.weight.moment_1`, `optim.dense1.weight.time`): each state tensor in its
+    /// current layout (that of its parameter's gradient), so it is saved as its shards.
+    ///
+    /// # Errors
+    /// [`DTensorError::Unsupported`] for a state that cannot be taken apart (SGD momentum), as
+    /// [`StateDict::insert`] otherwise.
+    pub fn insert_optimizer<AB, M, O>(
+        &mut self,
+        prefix: &str,
+        model: &M,
+        optim: &OptimizerAdaptor<O, M, AB>,
+    ) -> Result<()>
+    where
+        AB: AutodiffBackend,
+        AB::InnerBackend: DistributedOps,
+        M: AutodiffModule<AB>,
+        O: ShardedOptimizer<AB::InnerBackend>,
+    {
+        let mut v = Collect::<O, AB> {
+            prefix,
+            path: Vec::new(),
+            records: optim.to_record().into_iter().collect(),
+            state: self,
+            error: None,
+        };
+        model.visit(&mut v);
+        match v.error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The optimizer's state from a checkpoint, parameter by parameter of `model`.
+struct Load<'a, O, AB>
+where
+    AB: AutodiffBackend,
+    O: SimpleOptimizer<AB::InnerBackend>,
+{
+    ckpt: &'a Checkpoint,
+    prefix: &'a str,
+    path: Vec<String>,
+    records: HashMap<ParamId, AdaptorRecord<O, AB>>,
+    error: Option<DTensorError>,
+}
+
+impl<O, AB> ModuleVisitor<AB> for Load<'_, O, AB>
+where
+    AB: AutodiffBackend,
+    AB::InnerBackend: DistributedOps,
+    O: ShardedOptimizer<AB::InnerBackend>,
+{
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_string());
+    }
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
+        if self.error.is_some() {
+            return;
+        }
+        let path = self.path.join(".");
+        let meta = &self.ckpt.meta;
+        let first = O::TENSORS
+            .first()
+            .or(O::COUNTERS.first())
+            .copied()
+            .unwrap_or("stepped");
+        let k = key(self.prefix, &path, first);
+        if !meta.tensors.contains_key(&k) && !meta.counters.contains_key(&k) {
+            return; // the parameter had no state when saved
+        }
+        let value = param.val().inner();
+        let layout = DTensorExt::layout(&value);
+        let (dims, dtype) = (value.dims(), value.dtype());
+        let r = (|| -> Result<StateParts<AB::InnerBackend, D>> {
+            let mut tensors = Vec::with_capacity(O::TENSORS.len());
+            for name in O::TENSORS {
+                tensors.push(self.ckpt.read_as::<AB::InnerBackend, D, Float>(
+                    &key(self.prefix, &path, name),
+                    dims,
+                    &layout,
+                    Some(dtype),
+                )?);
+            }
+            let mut counters = Vec::with_capacity(O::COUNTERS.len());
+            for name in O::COUNTERS {
+                let k = key(self.prefix, &path, name);
+                counters.push(*meta.counters.get(&k).ok_or_else(|| {
+                    ckpt_err(
+                        &self.ckpt.dir,
+                        format!("no counter `{k}`: the optimizer state of `{path}` is incomplete"),
+                    )
+                })?);
+            }
+            Ok(StateParts { tensors, counters })
+        })();
+        match r {
+            Ok(parts) => {
+                let record = AdaptorRecord::from_state::<D>(O::from_parts(parts));
+                self.records.insert(param.id, record);
+            }
+            Err(e) => self.error = Some(e),
+        }
+    }
+}
+
+impl Checkpoint {
+    /// Loads the state of `optim` for every parameter of `model` (the model being resumed, laid
+    /// out for the current mesh) from the entries under `prefix` that
+    /// [`StateDict::insert_optimizer`] wrote: each state tensor in its parameter's current layout,
+    /// each process reading only its shards. Parameters without saved state start without state.
+    ///
+    /// # Errors
+    /// [`DTensorError::Checkpoint`] for a state tensor of another shape or missing pieces, as
+    /// [`Checkpoint::read`] otherwise.
+    pub fn load_optimizer<AB, M, O>(
+        &self,
+        prefix: &str,
+        model: &M,
+        optim: OptimizerAdaptor<O, M, AB>,
+    ) -> Result<OptimizerAdaptor<O, M, AB>>
+    where
+        AB: AutodiffBackend,
+        AB::InnerBackend: DistributedOps,
+        M: AutodiffModule<AB>,
+        O: ShardedOptimizer<AB::InnerBackend>,
+    {
+        let mut v = Load::<O, AB> {
+            ckpt: self,
+            prefix,
+            path: Vec::new(),
+            records: HashMap::new(),
+            error: None,
+        };
+        model.visit(&mut v);
+        match v.error {
+            Some(e) => Err(e),
+            None => Ok(optim.load_record(v.records.into_iter().collect())),
+        }
+    }
+}
