@@ -1085,3 +1085,93 @@ fn sharded_checkpoint_across_processes() {
     }
     done(name);
 }
+
+/// The commit of a sharded checkpoint survives a `kill -9` of any process at any write point:
+/// two processes save a checkpoint `prev`, then `next` with rank `r` killing itself at its `k`-th
+/// write point (before, inside and after its shard file; around the chief's metadata and
+/// rename), for every `k` until a save runs through. After each kill `prev` still reads back
+/// exactly, and `next` is either absent or complete (a kill after the commit); a new save over
+/// the leftovers succeeds.
+#[test]
+fn sharded_checkpoint_survives_a_kill_at_every_write_point() {
+    use burn_dtensor::checkpoint::{Checkpoint, SaveOptions, StateDict, save};
+    let name = "sharded_checkpoint_survives_a_kill_at_every_write_point";
+    let shape = [9, 6];
+    let want = data(shape, 2);
+    let check = |dir: &std::path::Path| {
+        let m = Mesh::virtual_devices([("a", 1)], Dev::default()).unwrap();
+        let ckpt = Checkpoint::open(dir).unwrap();
+        let got: Tensor<DB, 2> = ckpt
+            .read("w", &Layout::new(&m, [UNSHARDED, UNSHARDED]).unwrap())
+            .unwrap();
+        got.into_data().assert_eq(&want, true);
+    };
+    if !is_worker() {
+        if !cfg!(feature = "mpi") || Command::new("mpirun").arg("--version").output().is_err() {
+            let _ = launch(name, 2); // says why it skips (fails under BURN_DTENSOR_REQUIRE_MPI)
+            return;
+        }
+        let root = std::env::temp_dir().join(format!("dtensor-spmd-kill-{}", std::process::id()));
+        let mut kills = 0;
+        for rank in [0usize, 1] {
+            for k in 1.. {
+                let dir = root.join(format!("r{rank}-k{k}"));
+                std::fs::create_dir_all(&dir).unwrap();
+                let env = [
+                    ("DTENSOR_TEST_CKPT", dir.display().to_string()),
+                    ("DTENSOR_KILL", format!("{rank}:{k}")),
+                ];
+                let env: Vec<(&str, &str)> = env.iter().map(|(a, b)| (*a, b.as_str())).collect();
+                let (code, text, _) = launch_failing(name, 2, &env);
+                check(&dir.join("prev"));
+                if code == 0 {
+                    assert!(text.contains("spmd-ok"), "{text}");
+                    check(&dir.join("next"));
+                    break;
+                }
+                kills += 1;
+                // Absent, or committed whole.
+                if dir.join("next").exists() {
+                    check(&dir.join("next"));
+                }
+                assert!(
+                    !dir.join("next").exists() || dir.join("next").join("metadata.json").exists()
+                );
+            }
+        }
+        assert!(kills >= 6, "only {kills} write points");
+        println!("killed at {kills} write points: the previous checkpoint always stayed whole");
+        std::fs::remove_dir_all(&root).unwrap();
+        return;
+    }
+    let root = std::path::PathBuf::from(std::env::var("DTENSOR_TEST_CKPT").unwrap());
+    let (kill_rank, kill_at) = std::env::var("DTENSOR_KILL")
+        .unwrap()
+        .split_once(':')
+        .map(|(a, b)| (a.parse::<usize>().unwrap(), b.parse::<usize>().unwrap()))
+        .unwrap();
+    let w = spmd::init().unwrap();
+    let m = Mesh::spmd([("p", 2)], vec![Dev::default()]).unwrap();
+    let l = Layout::new(&m, ["p", UNSHARDED]).unwrap();
+    let state = || {
+        let mut s = StateDict::new();
+        s.insert(
+            "w",
+            distribute::<DB, 2, burn::tensor::Float>(want.clone(), &l).unwrap(),
+        )
+        .unwrap();
+        s
+    };
+    save(&root.join("prev"), state(), &SaveOptions::default()).unwrap();
+    let point = std::sync::atomic::AtomicUsize::new(0);
+    let opts = SaveOptions::default().on_write_point(move || {
+        let n = point.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        if w.rank() == kill_rank && n == kill_at {
+            // SAFETY: kill(2) on this process.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        }
+    });
+    // A leftover staging directory of an earlier interrupted save is replaced.
+    save(&root.join("next"), state(), &opts).unwrap();
+    done(name);
+}
