@@ -183,6 +183,11 @@ pub trait DistributedKind<B: DistributedOps>: BasicOps<B> + BasicOps<B::Inner> {
     fn local_shards(
         p: <Self as burn::tensor::TensorKind<B>>::Primitive,
     ) -> Vec<<Self as burn::tensor::TensorKind<B::Inner>>::Primitive>;
+    /// One shard's values on the host, downloaded as a fresh buffer moved out whole (see
+    /// `Kind::into_host`: a shard shared with a parameter is otherwise read element by element
+    /// by some backends).
+    #[doc(hidden)]
+    fn shard_into_host(p: <Self as burn::tensor::TensorKind<B::Inner>>::Primitive) -> TensorData;
     /// A primitive from per-device shards (checked by the caller).
     #[doc(hidden)]
     fn from_local_shards(
@@ -233,6 +238,14 @@ impl<B: DistributedOps> DistributedKind<B> for Float {
             .map(TensorPrimitive::Float)
             .collect()
     }
+    fn shard_into_host(p: TensorPrimitive<B::Inner>) -> TensorData {
+        match p {
+            TensorPrimitive::Float(p) => <FloatKind as Kind<B::Inner>>::into_host(p),
+            TensorPrimitive::QFloat(q) => <FloatKind as Kind<B::Inner>>::into_host(
+                B::Inner::dequantize(q, burn::tensor::FloatDType::F32),
+            ),
+        }
+    }
     fn from_local_shards(
         shape: Vec<usize>,
         layout: &Layout,
@@ -281,6 +294,11 @@ macro_rules! plain_kind {
                 p: <Self as burn::tensor::TensorKind<B>>::Primitive,
             ) -> Vec<<Self as burn::tensor::TensorKind<B::Inner>>::Primitive> {
                 per_device::<B::Inner, $k>(B::$into(p))
+            }
+            fn shard_into_host(
+                p: <Self as burn::tensor::TensorKind<B::Inner>>::Primitive,
+            ) -> TensorData {
+                <$k as Kind<B::Inner>>::into_host(p)
             }
             fn from_local_shards(
                 shape: Vec<usize>,

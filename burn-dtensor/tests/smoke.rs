@@ -616,8 +616,20 @@ fn sharded_checkpoint_errors_name_what_is_wrong() {
     // Not committed.
     let e = Checkpoint::open(&root).unwrap_err();
     assert!(e.to_string().contains("metadata.json"), "{e}");
-    // A damaged byte in the second shard.
+    // Each shard file is a standard safetensors file holding its boxes.
     let shard = &meta.tensors["enc.w"].shards[1];
+    let bytes = std::fs::read(dir.join(&shard.file)).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let view = st.tensor("enc.w@3,0").unwrap();
+    assert_eq!(view.shape(), [3, 4]);
+    let w: Vec<f32> = data([6, 4], 3).to_vec().unwrap();
+    let got: Vec<f32> = view
+        .data()
+        .chunks(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(got, w[12..]);
+    // A damaged byte in the second shard.
     let file = dir.join(&shard.file);
     let mut bytes = std::fs::read(&file).unwrap();
     bytes[shard.byte_range.0 as usize + 5] ^= 0x40;

@@ -188,13 +188,12 @@ impl StateDict {
             if empty || (0..g).any(|q| ranges(q) == mine) {
                 continue; // nothing to write, or another position owns this box
             }
-            let t = Tensor::<B::Inner, D, K>::from_primitive(p);
             self.owned.push(write::OwnedShard {
                 tensor: name.clone(),
                 offsets: mine.iter().map(|r| r.start).collect(),
                 sizes: mine.iter().map(|r| r.len()).collect(),
                 dtype,
-                values: Box::new(move || t.into_data()),
+                values: Box::new(move || K::shard_into_host(p)),
             });
         }
         self.tensors.insert(name, entry);

@@ -5,7 +5,6 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use burn::tensor::{DType, TensorData};
 
@@ -24,20 +23,17 @@ pub(super) struct OwnedShard {
     pub(super) values: Box<dyn FnOnce() -> TensorData + Send>,
 }
 
-/// A shard as safetensors' [`View`](safetensors::View): its bytes are downloaded when the file
-/// writer asks for them, one shard at a time (never the whole state in host memory), and their
-/// block checksums recorded on the way.
-struct ShardView<'a> {
-    name: String,
+/// A shard's entry in the safetensors header: dtype, shape and length only. Its `data` is
+/// empty on purpose: `safetensors::serialize` of these views gives exactly the file's header
+/// (the crate computes the order and offsets), and the shards' bytes are then streamed after it
+/// one at a time from their own buffers, never copied into the crate's buffer.
+struct HeaderView {
     dtype: safetensors::Dtype,
     shape: Vec<usize>,
     len: usize,
-    values: Mutex<Option<Box<dyn FnOnce() -> TensorData + Send>>>,
-    sums: &'a Mutex<BTreeMap<String, Vec<u32>>>,
-    opts: &'a SaveOptions,
 }
 
-impl safetensors::View for ShardView<'_> {
+impl safetensors::View for HeaderView {
     fn dtype(&self) -> safetensors::Dtype {
         self.dtype
     }
@@ -45,20 +41,7 @@ impl safetensors::View for ShardView<'_> {
         &self.shape
     }
     fn data(&self) -> Cow<'_, [u8]> {
-        let values = self
-            .values
-            .lock()
-            .unwrap()
-            .take()
-            .expect("safetensors reads each tensor once");
-        let bytes = host_bytes(values());
-        debug_assert_eq!(bytes.len(), self.len);
-        self.sums
-            .lock()
-            .unwrap()
-            .insert(self.name.clone(), block_checksums(&bytes));
-        self.opts.write_point();
-        Cow::Owned(bytes)
+        Cow::Borrowed(&[])
     }
     fn data_len(&self) -> usize {
         self.len
@@ -66,13 +49,13 @@ impl safetensors::View for ShardView<'_> {
 }
 
 /// The bytes of a shard as written: little-endian elements of the saved dtype (bool as one
-/// byte per element, `Flex32` as `F32`).
-fn host_bytes(data: TensorData) -> Vec<u8> {
+/// byte per element, `Flex32` as `F32`); borrowed from the download when it already is that.
+fn host_bytes(data: &TensorData) -> Cow<'_, [u8]> {
     match data.dtype {
-        DType::Bool(burn::tensor::BoolStore::Native) => data.into_bytes().to_vec(),
-        DType::Bool(_) => data.iter::<bool>().map(u8::from).collect::<Vec<u8>>(),
-        DType::Flex32 => data.convert_dtype(DType::F32).into_bytes().to_vec(),
-        _ => data.into_bytes().to_vec(),
+        DType::Bool(burn::tensor::BoolStore::Native) => Cow::Borrowed(data.as_bytes()),
+        DType::Bool(_) => Cow::Owned(data.iter::<bool>().map(u8::from).collect()),
+        DType::Flex32 => Cow::Owned(data.clone().convert_dtype(DType::F32).into_bytes().to_vec()),
+        _ => Cow::Borrowed(data.as_bytes()),
     }
 }
 
@@ -243,7 +226,7 @@ fn commit(dir: &Path, tmp: &Path, meta: &CheckpointMetadata, opts: &SaveOptions)
 }
 
 /// Writes this process's shard file (none when it owns no shard) and syncs it; returns each
-/// shard's metadata (without the file name).
+/// shard's metadata (without the file name). Peak host memory: one shard's download.
 fn write_file(
     path: &Path,
     owned: Vec<OwnedShard>,
@@ -253,11 +236,8 @@ fn write_file(
         return Ok(Vec::new());
     }
     opts.write_point();
-    let sums = Mutex::new(BTreeMap::new());
-    let mut boxes = BTreeMap::new();
     let mut views = Vec::with_capacity(owned.len());
-    for s in owned {
-        let name = format::shard_name(&s.tensor, &s.offsets);
+    for s in &owned {
         let dtype = format::safetensors_dtype(s.dtype).ok_or_else(|| {
             ckpt_err(
                 path,
@@ -268,63 +248,68 @@ fn write_file(
             )
         })?;
         let len = s.sizes.iter().product::<usize>() * elem_bytes(s.dtype);
-        boxes.insert(name.clone(), (s.tensor, s.offsets, s.sizes.clone()));
-        views.push((
-            name.clone(),
-            ShardView {
-                name,
-                dtype,
-                shape: s.sizes,
-                len,
-                values: Mutex::new(Some(s.values)),
-                sums: &sums,
-                opts,
+        let view = HeaderView {
+            dtype,
+            shape: s.sizes.clone(),
+            len,
+        };
+        views.push((format::shard_name(&s.tensor, &s.offsets), view));
+    }
+    let header = safetensors::serialize(views, None).map_err(|e| ckpt_err(path, e))?;
+    let parsed: safetensors::tensor::Metadata = serde_json::from_slice(&header[8..])
+        .map_err(|e| ckpt_err(path, format!("safetensors header: {e}")))?;
+    let data_start = header.len() as u64;
+    // The shards in file order (the crate sorts them by dtype alignment, then name).
+    let mut order: Vec<(usize, OwnedShard)> = owned
+        .into_iter()
+        .map(|s| {
+            let name = format::shard_name(&s.tensor, &s.offsets);
+            let info = parsed.info(&name).expect("every shard is in the header");
+            (info.data_offsets.0, s)
+        })
+        .collect();
+    order.sort_by_key(|(at, _)| *at);
+    let mut f = std::io::BufWriter::with_capacity(
+        4 << 20,
+        std::fs::File::create(path).map_err(|e| ckpt_err(path, e))?,
+    );
+    f.write_all(&header).map_err(|e| ckpt_err(path, e))?;
+    let mut out = Vec::with_capacity(order.len());
+    let mut at = data_start;
+    for (_, s) in order {
+        let data = (s.values)();
+        let bytes = host_bytes(&data);
+        let expected = s.sizes.iter().product::<usize>() * elem_bytes(s.dtype);
+        if bytes.len() != expected {
+            return Err(ckpt_err(
+                path,
+                format!(
+                    "tensor `{}`: a shard of {} bytes where its box holds {expected}",
+                    s.tensor,
+                    bytes.len()
+                ),
+            ));
+        }
+        f.write_all(&bytes).map_err(|e| ckpt_err(path, e))?;
+        out.push((
+            s.tensor,
+            ShardMetadata {
+                offsets: s.offsets,
+                sizes: s.sizes,
+                file: String::new(),
+                byte_range: (at, at + bytes.len() as u64),
+                block_crc32: block_checksums(&bytes),
             },
         ));
+        at += bytes.len() as u64;
+        drop(bytes);
+        drop(data);
+        opts.write_point();
     }
-    safetensors::serialize_to_file(views, None, path).map_err(|e| ckpt_err(path, e))?;
-    let f = std::fs::File::open(path).map_err(|e| ckpt_err(path, e))?;
+    let f = f.into_inner().map_err(|e| ckpt_err(path, e.into_error()))?;
     f.sync_all().map_err(|e| ckpt_err(path, e))?;
     opts.write_point();
-    // Where safetensors put each shard: its header's data offsets, after the header.
-    let (header_len, header) = read_header(path)?;
-    let sums = sums.into_inner().unwrap();
-    let mut out = Vec::with_capacity(boxes.len());
-    for (name, (tensor, offsets, sizes)) in boxes {
-        let info = header
-            .info(&name)
-            .ok_or_else(|| ckpt_err(path, format!("shard `{name}` missing after writing")))?;
-        let start = (8 + header_len + info.data_offsets.0) as u64;
-        let end = (8 + header_len + info.data_offsets.1) as u64;
-        out.push((
-            tensor,
-            ShardMetadata {
-                offsets,
-                sizes,
-                file: String::new(),
-                byte_range: (start, end),
-                block_crc32: sums.get(&name).cloned().unwrap_or_default(),
-            },
-        ));
-    }
     Ok(out)
-}
-
-/// A safetensors file's header: its length and parsed metadata.
-pub(super) fn read_header(path: &Path) -> Result<(usize, safetensors::tensor::Metadata)> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(path).map_err(|e| ckpt_err(path, e))?;
-    let mut n = [0u8; 8];
-    f.read_exact(&mut n).map_err(|e| ckpt_err(path, e))?;
-    let n = u64::from_le_bytes(n) as usize;
-    if n > 100 << 20 {
-        return Err(ckpt_err(path, "not a safetensors file (header length)"));
-    }
-    let mut header = vec![0u8; n];
-    f.read_exact(&mut header).map_err(|e| ckpt_err(path, e))?;
-    let meta = serde_json::from_slice(&header)
-        .map_err(|e| ckpt_err(path, format!("not a safetensors file: {e}")))?;
-    Ok((n, meta))
 }
 
 /// Writes `bytes` to `path` and syncs it, with a write point halfway.
