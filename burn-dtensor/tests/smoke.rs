@@ -745,3 +745,131 @@ fn sharded_checkpoint_resumes_adam_exactly() {
     assert_ne!(cold, unbroken);
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// A checkpoint crosses the edge of the mesh both ways, optimizer state included: a plain
+/// backend's model and Adam state saved whole (`from_module_whole`, `insert_optimizer_whole`,
+/// an attribute) resume on a 4-position mesh with the weight's rows sharded (uneven), and a
+/// sharded checkpoint resumes on the plain backend (`load_module_whole`,
+/// `load_optimizer_whole`); both continue the plain unbroken run to float rounding, while a cold
+/// optimizer does not.
+#[test]
+fn checkpoint_leaves_and_enters_the_mesh_with_adam_state() {
+    use burn::backend::{Autodiff, NdArray};
+    use burn::nn::{Linear, LinearConfig};
+    use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+    use burn::tensor::backend::{AutodiffBackend, Backend};
+    use burn_dtensor::checkpoint::{Checkpoint, SaveOptions, StateDict, save};
+    type P = Autodiff<NdArray>;
+    type AB = Autodiff<B>;
+    let _g = rng_lock();
+    let root = scratch("edge");
+    let (xd, yd) = (data([8, 6], 4), data([8, 3], 5));
+    fn run<A: AutodiffBackend, O: Optimizer<Linear<A>, A>>(
+        mut model: Linear<A>,
+        optim: &mut O,
+        x: &Tensor<A, 2>,
+        y: &Tensor<A, 2>,
+        steps: usize,
+    ) -> (Linear<A>, Vec<f32>) {
+        let mut losses = Vec::new();
+        for _ in 0..steps {
+            let loss = (model.forward(x.clone()) - y.clone()).powi_scalar(2).mean();
+            losses.push(
+                loss.clone()
+                    .into_data()
+                    .convert::<f32>()
+                    .to_vec::<f32>()
+                    .unwrap()[0],
+            );
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optim.step(1e-2, model, grads);
+        }
+        (model, losses)
+    }
+    let close = |a: &[f32], b: &[f32]| {
+        a.len() == b.len()
+            && a.iter()
+                .zip(b)
+                .all(|(a, b)| (a - b).abs() <= 1e-5 * b.abs().max(1.0))
+    };
+    let cpu = Default::default();
+    let plain = |seed: u64| {
+        P::seed(&cpu, seed);
+        let m = LinearConfig::new(6, 3).init::<P>(&cpu);
+        let x = Tensor::<P, 2>::from_data(xd.clone(), &cpu);
+        let y = Tensor::<P, 2>::from_data(yd.clone(), &cpu);
+        (m, x, y)
+    };
+    let sharded = |seed: u64| {
+        let m = mesh(&[("x", 4)]);
+        let dv = DistributedDevice::new(m.clone());
+        AB::seed(&dv, seed);
+        let map = LayoutMap::new()
+            .rule(r"^weight$", ["x", "unsharded"])
+            .unwrap();
+        let model = map
+            .apply(LinearConfig::new(6, 3).init::<AB>(&dv), m.topology())
+            .unwrap()
+            .0;
+        let rows = Layout::new(&m, ["x", "unsharded"]).unwrap();
+        let x: Tensor<AB, 2> = distribute(xd.clone(), &rows).unwrap();
+        let y: Tensor<AB, 2> = distribute(yd.clone(), &rows).unwrap();
+        (model, x, y)
+    };
+    // The plain run: 3 steps, saved whole, 3 more.
+    let (model, x, y) = plain(5);
+    let mut optim = AdamConfig::new().init::<P, Linear<P>>();
+    let (model, _) = run(model, &mut optim, &x, &y, 3);
+    let mut state = StateDict::from_module_whole(&model).unwrap();
+    state
+        .insert_optimizer_whole("optim", &model, &optim)
+        .unwrap();
+    state.insert_attribute("trainer", &("plain", 3u32)).unwrap();
+    let meta = save(&root.join("plain"), state, &SaveOptions::default()).unwrap();
+    assert_eq!(meta.tensors["optim.weight.moment_1"].shards.len(), 1);
+    assert!(meta.tensors["weight"].mesh_axes.is_empty());
+    let (_, unbroken) = run(model.clone(), &mut optim, &x, &y, 3);
+    let (_, cold) = run(
+        model,
+        &mut AdamConfig::new().init::<P, Linear<P>>(),
+        &x,
+        &y,
+        3,
+    );
+    assert!(
+        !close(&cold, &unbroken),
+        "a cold optimizer must give other losses"
+    );
+    let ckpt = Checkpoint::open(&root.join("plain")).unwrap();
+    assert_eq!(
+        ckpt.attribute::<(String, u32)>("trainer").unwrap(),
+        ("plain".to_string(), 3)
+    );
+    assert!(ckpt.attribute::<u32>("trainer").is_err());
+    assert!(ckpt.attribute::<u32>("missing").is_err());
+    // ... enters the mesh.
+    let (fresh, xs, ys) = sharded(70);
+    let model = ckpt.load_module(fresh).unwrap();
+    assert_eq!(model.weight.val().describe(), "f32[6@x, 3]");
+    let optim = AdamConfig::new().init::<AB, Linear<AB>>();
+    let mut optim = ckpt.load_optimizer("optim", &model, optim).unwrap();
+    let (model, on_mesh) = run(model, &mut optim, &xs, &ys, 3);
+    assert!(close(&on_mesh, &unbroken), "{on_mesh:?} vs {unbroken:?}");
+    // The mesh's state saved sharded after those 3 steps ... leaves the mesh.
+    let mut state = StateDict::from_module(&model).unwrap();
+    state.insert_optimizer("optim", &model, &optim).unwrap();
+    save(&root.join("mesh"), state, &SaveOptions::default()).unwrap();
+    let ckpt = Checkpoint::open(&root.join("mesh")).unwrap();
+    let (fresh, _, _) = plain(71);
+    let back = ckpt.load_module_whole(fresh, &cpu).unwrap();
+    let optim = AdamConfig::new().init::<P, Linear<P>>();
+    let mut optim = ckpt.load_optimizer_whole("optim", &back, optim).unwrap();
+    let (_, off_mesh) = run(back, &mut optim, &x, &y, 3);
+    // The mesh's 3 steps and the plain backend's next 3 continue the plain run of 9 steps.
+    let (model, x, y) = plain(5);
+    let mut optim = AdamConfig::new().init::<P, Linear<P>>();
+    let (_, nine) = run(model, &mut optim, &x, &y, 9);
+    assert!(close(&nine[3..6], &on_mesh), "{nine:?} vs {on_mesh:?}");
+    assert!(close(&nine[6..], &off_mesh), "{nine:?} vs {off_mesh:?}");
+    std::fs::remove_dir_all(&root).unwrap();
+}

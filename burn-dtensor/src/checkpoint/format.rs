@@ -48,6 +48,10 @@ pub struct CheckpointMetadata {
     /// Counters by name (an optimizer's step count, the epochs done), written by the chief.
     #[serde(default)]
     pub counters: BTreeMap<String, u64>,
+    /// Free-form JSON values by name (a trainer's state: epochs done, loss history, the
+    /// vectorizer), written by the chief.
+    #[serde(default)]
+    pub attributes: BTreeMap<String, serde_json::Value>,
 }
 
 /// One tensor of a checkpoint.

@@ -114,6 +114,7 @@ impl SaveOptions {
 pub struct StateDict {
     tensors: BTreeMap<String, TensorMetadata>,
     counters: BTreeMap<String, u64>,
+    attributes: BTreeMap<String, serde_json::Value>,
     owned: Vec<write::OwnedShard>,
 }
 
@@ -135,14 +136,104 @@ impl StateDict {
     /// [`DTensorError::Checkpoint`] for a name already present.
     pub fn insert_counter(&mut self, name: impl Into<String>, value: u64) -> Result<()> {
         let name = name.into();
-        if self.tensors.contains_key(&name) || self.counters.contains_key(&name) {
-            return Err(ckpt_err(
-                Path::new("<state dict>"),
-                format!("`{name}` inserted twice"),
-            ));
-        }
+        self.check_new(&name)?;
         self.counters.insert(name, value);
         Ok(())
+    }
+
+    fn check_new(&self, name: &str) -> Result<()> {
+        if self.tensors.contains_key(name)
+            || self.counters.contains_key(name)
+            || self.attributes.contains_key(name)
+        {
+            return Err(ckpt_err(
+                Path::new("<state dict>"),
+                format!("`{name}` inserted twice: give every entry its own name"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Adds `value` (anything serde serialises: a trainer's epoch count and loss history, a
+    /// vectorizer) as the JSON attribute `name` of the metadata; the chief's value is the one
+    /// written. Read it back with [`Checkpoint::attribute`].
+    ///
+    /// # Errors
+    /// [`DTensorError::Checkpoint`] for a name already present or a value that does not
+    /// serialise to JSON.
+    pub fn insert_attribute(
+        &mut self,
+        name: impl Into<String>,
+        value: &impl serde::Serialize,
+    ) -> Result<()> {
+        let name = name.into();
+        self.check_new(&name)?;
+        let v = serde_json::to_value(value).map_err(|e| {
+            ckpt_err(
+                Path::new("<state dict>"),
+                format!("attribute `{name}` does not serialise to JSON: {e}"),
+            )
+        })?;
+        self.attributes.insert(name, v);
+        Ok(())
+    }
+
+    /// Adds a whole tensor held on the host by this process (shape `data.shape`, any dtype a
+    /// checkpoint holds) under `name`: the chief writes it as one shard covering the tensor;
+    /// every process must insert it (the same value, SPMD). The entry point for plain-backend
+    /// tensors (`tensor.into_data()`); it loads under any layout like any other tensor.
+    ///
+    /// # Errors
+    /// [`DTensorError::Checkpoint`] for a name already present or a dtype a checkpoint cannot
+    /// hold (quantized: dequantize first).
+    pub fn insert_data(&mut self, name: impl Into<String>, data: TensorData) -> Result<()> {
+        let name = name.into();
+        self.check_new(&name)?;
+        let shape = data.shape.to_vec();
+        let dtype = data.dtype;
+        let dtype_name = format::dtype_name(dtype).ok_or_else(|| {
+            ckpt_err(
+                Path::new("<state dict>"),
+                format!("tensor `{name}` has dtype {dtype:?}, which a checkpoint cannot hold (dequantize it first)"),
+            )
+        })?;
+        let entry = TensorMetadata {
+            shape: shape.clone(),
+            dtype: dtype_name,
+            mesh_axes: Vec::new(),
+            sharding_spec: vec![crate::UNSHARDED.to_string(); shape.len()],
+            shards: Vec::new(),
+        };
+        if crate::spmd::init()?.is_chief() && !shape.contains(&0) {
+            self.owned.push(write::OwnedShard {
+                tensor: name.clone(),
+                offsets: vec![0; shape.len()],
+                sizes: shape,
+                dtype,
+                values: Box::new(move || data),
+            });
+        }
+        self.tensors.insert(name, entry);
+        Ok(())
+    }
+
+    /// Every parameter of `module`, a module of a plain backend (no mesh), whole, by module
+    /// path ([`StateDict::insert_data`] of each parameter's value): the checkpoint of a
+    /// one-device run, which loads on any mesh like a sharded one.
+    ///
+    /// # Errors
+    /// As [`StateDict::insert_data`].
+    pub fn from_module_whole<B: Backend, M: Module<B>>(module: &M) -> Result<Self> {
+        let mut v = CollectWhole {
+            path: Vec::new(),
+            state: Self::new(),
+            error: None,
+        };
+        module.visit(&mut v);
+        match v.error {
+            Some(e) => Err(e),
+            None => Ok(v.state),
+        }
     }
 
     /// Adds `tensor` (global shape, any layout; float, int or bool) under `name`.
@@ -162,9 +253,7 @@ impl StateDict {
     {
         let name = name.into();
         let here = Path::new("<state dict>");
-        if self.tensors.contains_key(&name) || self.counters.contains_key(&name) {
-            return Err(ckpt_err(here, format!("tensor `{name}` inserted twice")));
-        }
+        self.check_new(&name)?;
         let shape = tensor.dims().to_vec();
         let dtype = tensor.dtype();
         let mut layout = DTensorExt::layout(&tensor);
@@ -258,6 +347,40 @@ impl<B: DistributedOps> ModuleVisitor<B> for Collect {
     }
 }
 
+struct CollectWhole {
+    path: Vec<String>,
+    state: StateDict,
+    error: Option<DTensorError>,
+}
+
+impl CollectWhole {
+    fn add(&mut self, data: TensorData) {
+        if self.error.is_none()
+            && let Err(e) = self.state.insert_data(self.path.join("."), data)
+        {
+            self.error = Some(e);
+        }
+    }
+}
+
+impl<B: Backend> ModuleVisitor<B> for CollectWhole {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_string());
+    }
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+    fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+        self.add(p.val().into_data());
+    }
+    fn visit_int<const D: usize>(&mut self, p: &Param<Tensor<B, D, Int>>) {
+        self.add(p.val().into_data());
+    }
+    fn visit_bool<const D: usize>(&mut self, p: &Param<Tensor<B, D, Bool>>) {
+        self.add(p.val().into_data());
+    }
+}
+
 /// Writes `state` as a sharded checkpoint into the **new** directory `dir` (see the module docs
 /// for the files and the commit). Collective: every process calls it with the same names.
 /// Returns the metadata written.
@@ -342,6 +465,20 @@ impl Checkpoint {
             .get(name)
             .copied()
             .ok_or_else(|| ckpt_err(&self.dir, format!("no counter `{name}` in this checkpoint")))
+    }
+
+    /// The attribute `name` ([`StateDict::insert_attribute`]) as a `T`.
+    ///
+    /// # Errors
+    /// [`DTensorError::Checkpoint`] naming `metadata.json` when the checkpoint has no such
+    /// attribute or its value is not a `T`.
+    pub fn attribute<T: serde::de::DeserializeOwned>(&self, name: &str) -> Result<T> {
+        let path = self.dir.join(METADATA_FILE);
+        let v =
+            self.meta.attributes.get(name).ok_or_else(|| {
+                ckpt_err(&path, format!("no attribute `{name}` in this checkpoint"))
+            })?;
+        T::deserialize(v).map_err(|e| ckpt_err(&path, format!("attribute `{name}`: {e}")))
     }
 
     /// The directory.

@@ -50,7 +50,8 @@ fn adaptive<B: Backend, const D: usize>(
 ) -> Result<StateParts<B, D>> {
     if m.max_moment_2.is_some() {
         return Err(DTensorError::Unsupported(
-            "AMSGrad's running maximum is not saved in sharded checkpoints yet; use Adam without              amsgrad"
+            "AMSGrad's running maximum is not saved in sharded checkpoints yet; use Adam without \
+             amsgrad"
                 .into(),
         ));
     }
@@ -127,9 +128,59 @@ fn key(prefix: &str, path: &str, part: &str) -> String {
     format!("{prefix}.{path}.{part}")
 }
 
+/// How state tensors of backend `B` go into a state dict and come back from a checkpoint:
+/// [`Sharded`] keeps each tensor's layout (its shards are written and read), [`Whole`] moves
+/// whole tensors of a plain backend (the chief writes them; every process reads them whole).
+trait StateIo<B: Backend> {
+    fn put<const D: usize>(state: &mut StateDict, name: String, t: Tensor<B, D>) -> Result<()>;
+    /// The saved tensor `name` as a tensor like `like` (same global shape, dtype, layout or
+    /// device).
+    fn get<const D: usize>(
+        ckpt: &Checkpoint,
+        name: &str,
+        like: &Tensor<B, D>,
+    ) -> Result<Tensor<B, D>>;
+}
+
+struct Sharded;
+
+impl<B: DistributedOps> StateIo<B> for Sharded {
+    fn put<const D: usize>(state: &mut StateDict, name: String, t: Tensor<B, D>) -> Result<()> {
+        state.insert(name, t)
+    }
+    fn get<const D: usize>(
+        ckpt: &Checkpoint,
+        name: &str,
+        like: &Tensor<B, D>,
+    ) -> Result<Tensor<B, D>> {
+        let layout = DTensorExt::layout(like);
+        ckpt.read_as::<B, D, Float>(name, like.dims(), &layout, Some(like.dtype()))
+    }
+}
+
+struct Whole;
+
+impl<B: Backend> StateIo<B> for Whole {
+    fn put<const D: usize>(state: &mut StateDict, name: String, t: Tensor<B, D>) -> Result<()> {
+        state.insert_data(name, t.into_data())
+    }
+    fn get<const D: usize>(
+        ckpt: &Checkpoint,
+        name: &str,
+        like: &Tensor<B, D>,
+    ) -> Result<Tensor<B, D>> {
+        ckpt.tensor(name, Some(&like.dims()))?;
+        let mut d = ckpt.read_whole(name)?;
+        if d.dtype != like.dtype() {
+            d = d.convert_dtype(like.dtype());
+        }
+        Ok(Tensor::from_data(d, &like.device()))
+    }
+}
+
 /// The optimizer's state, parameter by parameter of `model` (the visit gives each parameter's
 /// rank), into a state dict.
-struct Collect<'a, O, AB>
+struct Collect<'a, O, AB, Io>
 where
     AB: AutodiffBackend,
     O: SimpleOptimizer<AB::InnerBackend>,
@@ -139,13 +190,14 @@ where
     records: HashMap<ParamId, AdaptorRecord<O, AB>>,
     state: &'a mut StateDict,
     error: Option<DTensorError>,
+    io: std::marker::PhantomData<Io>,
 }
 
-impl<O, AB> ModuleVisitor<AB> for Collect<'_, O, AB>
+impl<O, AB, Io> ModuleVisitor<AB> for Collect<'_, O, AB, Io>
 where
     AB: AutodiffBackend,
-    AB::InnerBackend: DistributedOps,
     O: ShardedOptimizer<AB::InnerBackend>,
+    Io: StateIo<AB::InnerBackend>,
 {
     fn enter_module(&mut self, name: &str, _container_type: &str) {
         self.path.push(name.to_string());
@@ -163,7 +215,7 @@ where
         let path = self.path.join(".");
         let r = O::into_parts(record.into_state::<D>()).and_then(|parts| {
             for (name, t) in O::TENSORS.iter().zip(parts.tensors) {
-                self.state.insert(key(self.prefix, &path, name), t)?;
+                Io::put(self.state, key(self.prefix, &path, name), t)?;
             }
             for (name, v) in O::COUNTERS.iter().zip(parts.counters) {
                 self.state
@@ -180,6 +232,30 @@ where
             self.error = Some(e);
         }
     }
+}
+
+fn collect<AB, M, O, Io>(
+    state: &mut StateDict,
+    prefix: &str,
+    model: &M,
+    optim: &OptimizerAdaptor<O, M, AB>,
+) -> Result<()>
+where
+    AB: AutodiffBackend,
+    M: AutodiffModule<AB>,
+    O: ShardedOptimizer<AB::InnerBackend>,
+    Io: StateIo<AB::InnerBackend>,
+{
+    let mut v = Collect::<O, AB, Io> {
+        prefix,
+        path: Vec::new(),
+        records: optim.to_record().into_iter().collect(),
+        state,
+        error: None,
+        io: std::marker::PhantomData,
+    };
+    model.visit(&mut v);
+    v.error.map_or(Ok(()), Err)
 }
 
 impl StateDict {
@@ -202,23 +278,33 @@ impl StateDict {
         M: AutodiffModule<AB>,
         O: ShardedOptimizer<AB::InnerBackend>,
     {
-        let mut v = Collect::<O, AB> {
-            prefix,
-            path: Vec::new(),
-            records: optim.to_record().into_iter().collect(),
-            state: self,
-            error: None,
-        };
-        model.visit(&mut v);
-        match v.error {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        collect::<AB, M, O, Sharded>(self, prefix, model, optim)
+    }
+
+    /// [`StateDict::insert_optimizer`] for a model of a plain backend (no mesh): each state
+    /// tensor is saved whole, by the chief ([`StateDict::insert_data`]), under the same names,
+    /// so that the checkpoint loads on any mesh ([`Checkpoint::load_optimizer`]) as well as
+    /// whole ([`Checkpoint::load_optimizer_whole`]).
+    ///
+    /// # Errors
+    /// As [`StateDict::insert_optimizer`].
+    pub fn insert_optimizer_whole<AB, M, O>(
+        &mut self,
+        prefix: &str,
+        model: &M,
+        optim: &OptimizerAdaptor<O, M, AB>,
+    ) -> Result<()>
+    where
+        AB: AutodiffBackend,
+        M: AutodiffModule<AB>,
+        O: ShardedOptimizer<AB::InnerBackend>,
+    {
+        collect::<AB, M, O, Whole>(self, prefix, model, optim)
     }
 }
 
 /// The optimizer's state from a checkpoint, parameter by parameter of `model`.
-struct Load<'a, O, AB>
+struct Load<'a, O, AB, Io>
 where
     AB: AutodiffBackend,
     O: SimpleOptimizer<AB::InnerBackend>,
@@ -228,13 +314,14 @@ where
     path: Vec<String>,
     records: HashMap<ParamId, AdaptorRecord<O, AB>>,
     error: Option<DTensorError>,
+    io: std::marker::PhantomData<Io>,
 }
 
-impl<O, AB> ModuleVisitor<AB> for Load<'_, O, AB>
+impl<O, AB, Io> ModuleVisitor<AB> for Load<'_, O, AB, Io>
 where
     AB: AutodiffBackend,
-    AB::InnerBackend: DistributedOps,
     O: ShardedOptimizer<AB::InnerBackend>,
+    Io: StateIo<AB::InnerBackend>,
 {
     fn enter_module(&mut self, name: &str, _container_type: &str) {
         self.path.push(name.to_string());
@@ -258,17 +345,10 @@ where
             return; // the parameter had no state when saved
         }
         let value = param.val().inner();
-        let layout = DTensorExt::layout(&value);
-        let (dims, dtype) = (value.dims(), value.dtype());
         let r = (|| -> Result<StateParts<AB::InnerBackend, D>> {
             let mut tensors = Vec::with_capacity(O::TENSORS.len());
             for name in O::TENSORS {
-                tensors.push(self.ckpt.read_as::<AB::InnerBackend, D, Float>(
-                    &key(self.prefix, &path, name),
-                    dims,
-                    &layout,
-                    Some(dtype),
-                )?);
+                tensors.push(Io::get(self.ckpt, &key(self.prefix, &path, name), &value)?);
             }
             let mut counters = Vec::with_capacity(O::COUNTERS.len());
             for name in O::COUNTERS {
@@ -289,6 +369,33 @@ where
             }
             Err(e) => self.error = Some(e),
         }
+    }
+}
+
+fn load<AB, M, O, Io>(
+    ckpt: &Checkpoint,
+    prefix: &str,
+    model: &M,
+    optim: OptimizerAdaptor<O, M, AB>,
+) -> Result<OptimizerAdaptor<O, M, AB>>
+where
+    AB: AutodiffBackend,
+    M: AutodiffModule<AB>,
+    O: ShardedOptimizer<AB::InnerBackend>,
+    Io: StateIo<AB::InnerBackend>,
+{
+    let mut v = Load::<O, AB, Io> {
+        ckpt,
+        prefix,
+        path: Vec::new(),
+        records: HashMap::new(),
+        error: None,
+        io: std::marker::PhantomData,
+    };
+    model.visit(&mut v);
+    match v.error {
+        Some(e) => Err(e),
+        None => Ok(optim.load_record(v.records.into_iter().collect())),
     }
 }
 
@@ -313,17 +420,26 @@ impl Checkpoint {
         M: AutodiffModule<AB>,
         O: ShardedOptimizer<AB::InnerBackend>,
     {
-        let mut v = Load::<O, AB> {
-            ckpt: self,
-            prefix,
-            path: Vec::new(),
-            records: HashMap::new(),
-            error: None,
-        };
-        model.visit(&mut v);
-        match v.error {
-            Some(e) => Err(e),
-            None => Ok(optim.load_record(v.records.into_iter().collect())),
-        }
+        load::<AB, M, O, Sharded>(self, prefix, model, optim)
+    }
+
+    /// [`Checkpoint::load_optimizer`] for a model of a plain backend (no mesh): each state
+    /// tensor is read whole onto its parameter's device. With
+    /// [`Checkpoint::load_module_whole`], the way to leave the mesh and go on training.
+    ///
+    /// # Errors
+    /// As [`Checkpoint::load_optimizer`].
+    pub fn load_optimizer_whole<AB, M, O>(
+        &self,
+        prefix: &str,
+        model: &M,
+        optim: OptimizerAdaptor<O, M, AB>,
+    ) -> Result<OptimizerAdaptor<O, M, AB>>
+    where
+        AB: AutodiffBackend,
+        M: AutodiffModule<AB>,
+        O: ShardedOptimizer<AB::InnerBackend>,
+    {
+        load::<AB, M, O, Whole>(self, prefix, model, optim)
     }
 }

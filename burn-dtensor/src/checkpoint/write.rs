@@ -138,6 +138,7 @@ pub(super) fn save(dir: &Path, state: StateDict, opts: &SaveOptions) -> Result<C
     let StateDict {
         tensors,
         counters,
+        attributes,
         owned,
     } = state;
     // Each process reports its shard index or its error, so that a failed write on one rank
@@ -164,6 +165,7 @@ pub(super) fn save(dir: &Path, state: StateDict, opts: &SaveOptions) -> Result<C
         processes: size,
         tensors,
         counters,
+        attributes,
     };
     for (r, bytes) in all.iter().enumerate() {
         match bytes.split_first() {
