@@ -14,6 +14,7 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer, SgdConfig};
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use burn::tensor::backend::{AutodiffBackend, Backend, BackendTypes};
 use burn::tensor::{Int, Tensor, TensorData};
+use burn_dtensor::checkpoint::{Checkpoint, ShardedOptimizer, StateDict};
 use burn_dtensor::{
     CommEvent, CommLog, DistributedBackend, DistributedDevice, Layout, LayoutMap, Mesh, UNSHARDED,
     record_comms,
@@ -21,7 +22,7 @@ use burn_dtensor::{
 use serde::{Deserialize, Serialize};
 
 use crate::batch::{DropPolicy, VectorizedSet, batches, epoch_order};
-use crate::checkpoint;
+use crate::checkpoint::{self, Adaptor, OPTIM_PREFIX, lib_err};
 use crate::data::tfidf::TfIdfVectorizer;
 use crate::data::{DataError, imdb};
 use crate::model::{ImdbMlp, LossReduction, correct};
@@ -284,6 +285,28 @@ pub trait Placement {
     /// # Errors
     /// Layout-map errors.
     fn prepare_model(&self, model: ImdbMlp<Self::AD>) -> Result<ImdbMlp<Self::AD>, AppError>;
+    /// The model's parameters and the optimizer's state as a checkpoint's state dict, each
+    /// tensor in its current layout (its shards; the bare backend's tensors whole).
+    ///
+    /// # Errors
+    /// Checkpoint errors (an optimizer state that cannot be saved).
+    fn state_dict<X: ShardedOptimizer<<Self::AD as AutodiffBackend>::InnerBackend>>(
+        &self,
+        model: &ImdbMlp<Self::AD>,
+        optim: &Adaptor<X, Self::AD>,
+    ) -> Result<StateDict, AppError>;
+    /// Loads a checkpoint's parameters and optimizer state into `model` (laid out by
+    /// [`Placement::prepare_model`]) and `optim`: each process reads only its shards.
+    ///
+    /// # Errors
+    /// Checkpoint errors naming the tensor and file.
+    #[allow(clippy::type_complexity)]
+    fn load_state<X: ShardedOptimizer<<Self::AD as AutodiffBackend>::InnerBackend>>(
+        &self,
+        ckpt: &Checkpoint,
+        model: ImdbMlp<Self::AD>,
+        optim: Adaptor<X, Self::AD>,
+    ) -> Result<(ImdbMlp<Self::AD>, Adaptor<X, Self::AD>), AppError>;
     /// The mesh, e.g. `batch=4,model=2` (empty for single).
     fn mesh_desc(&self) -> String;
     /// Inner backend name.
@@ -337,6 +360,30 @@ impl<I: Backend> Placement for Single<I> {
         let twin = ImdbMlp::<DistributedBackend<I>>::with_dims(w1[0], w1[1], w2[1], &one);
         let drawn = crate::model::param_values(&twin);
         Ok(crate::model::with_param_values(model, drawn))
+    }
+    fn state_dict<X: ShardedOptimizer<I>>(
+        &self,
+        model: &ImdbMlp<Self::AD>,
+        optim: &Adaptor<X, Self::AD>,
+    ) -> Result<StateDict, AppError> {
+        let mut sd = StateDict::from_module_whole(model).map_err(lib_err)?;
+        sd.insert_optimizer_whole(OPTIM_PREFIX, model, optim)
+            .map_err(lib_err)?;
+        Ok(sd)
+    }
+    fn load_state<X: ShardedOptimizer<I>>(
+        &self,
+        ckpt: &Checkpoint,
+        model: ImdbMlp<Self::AD>,
+        optim: Adaptor<X, Self::AD>,
+    ) -> Result<(ImdbMlp<Self::AD>, Adaptor<X, Self::AD>), AppError> {
+        let model = ckpt
+            .load_module_whole(model, &self.device)
+            .map_err(lib_err)?;
+        let optim = ckpt
+            .load_optimizer_whole(OPTIM_PREFIX, &model, optim)
+            .map_err(lib_err)?;
+        Ok((model, optim))
     }
     fn mesh_desc(&self) -> String {
         String::new()
@@ -460,6 +507,28 @@ impl<I: Backend> Placement for Distributed<I> {
     }
     fn prepare_model(&self, model: ImdbMlp<Self::AD>) -> Result<ImdbMlp<Self::AD>, AppError> {
         Ok(self.layout_map.apply(model, self.mesh.topology())?.0)
+    }
+    fn state_dict<X: ShardedOptimizer<DistributedBackend<I>>>(
+        &self,
+        model: &ImdbMlp<Self::AD>,
+        optim: &Adaptor<X, Self::AD>,
+    ) -> Result<StateDict, AppError> {
+        let mut sd = StateDict::from_module(model).map_err(lib_err)?;
+        sd.insert_optimizer(OPTIM_PREFIX, model, optim)
+            .map_err(lib_err)?;
+        Ok(sd)
+    }
+    fn load_state<X: ShardedOptimizer<DistributedBackend<I>>>(
+        &self,
+        ckpt: &Checkpoint,
+        model: ImdbMlp<Self::AD>,
+        optim: Adaptor<X, Self::AD>,
+    ) -> Result<(ImdbMlp<Self::AD>, Adaptor<X, Self::AD>), AppError> {
+        let model = ckpt.load_module(model).map_err(lib_err)?;
+        let optim = ckpt
+            .load_optimizer(OPTIM_PREFIX, &model, optim)
+            .map_err(lib_err)?;
+        Ok((model, optim))
     }
     fn mesh_desc(&self) -> String {
         self.mesh.to_string()
@@ -653,15 +722,14 @@ pub fn check_batch(
     Ok(())
 }
 
-fn train_with<P: Placement, O: Optimizer<ImdbMlp<P::AD>, P::AD>>(
+fn train_with<P: Placement, X: ShardedOptimizer<<P::AD as AutodiffBackend>::InnerBackend>>(
     p: &P,
     cfg: &TrainConfig,
     data: &Prepared,
     progress: &mut dyn Progress,
-    mut optim: O,
+    mut optim: Adaptor<X, P::AD>,
 ) -> Result<(Summary, ImdbMlp<P::AD>), AppError> {
     check_batch(cfg.batch_size, p.batch_axis(), cfg.drop_policy)?;
-    let device = p.device();
     let mut model = init_model(p, cfg.seed)?;
     let mut start_epoch = 0;
     // Losses of the runs before a resumed checkpoint, carried into the checkpoints this run writes.
@@ -671,7 +739,7 @@ fn train_with<P: Placement, O: Optimizer<ImdbMlp<P::AD>, P::AD>>(
         start_epoch = loaded.state.epochs_done;
         prior_losses = loaded.state.train_losses.clone();
         progress.resumed(start_epoch, dir);
-        (model, optim) = loaded.load_into(model, optim, cfg.optimizer, &device)?;
+        (model, optim) = loaded.load_into(p, model, optim, cfg.optimizer)?;
     }
     let t_run = Instant::now();
     let n = data.train.labels.len();
@@ -729,10 +797,8 @@ fn train_with<P: Placement, O: Optimizer<ImdbMlp<P::AD>, P::AD>>(
                 mode: cfg.mode,
                 optimizer: cfg.optimizer,
                 train_losses: all,
-                params: Default::default(),
-                files: Default::default(),
             };
-            checkpoint::save(dir, &model, &optim, st)?;
+            checkpoint::save(p, dir, &model, &optim, &st, &data.vectorizer)?;
         }
     }
     let mut sorted = step_ms.clone();

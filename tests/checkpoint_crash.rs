@@ -192,7 +192,7 @@ fn kill_points(root: &Path, data: &Prepared, reference: &[f32]) -> usize {
         );
         outcomes.push(done);
         k += 1;
-        assert!(k < 64, "more write points than expected");
+        assert!(k < 256, "more write points than expected");
     }
     // Both outcomes occur: killed before the commit (epoch 1 kept), after it (epoch 2).
     assert!(
@@ -220,11 +220,12 @@ fn damaged(root: &Path, data: &Prepared) {
     let good = root.join("good");
     assert!(spawn(&good, 1, false, None).success());
     let edir = |d: &Path| d.join("epoch-0001");
+    let shard_file = "shards-00000-of-00001.safetensors";
     let resume = |d: &Path| train_run(data, &config(2, None, Some(d)));
-    // A truncated model record.
+    // A truncated shard file.
     let d = root.join("truncated");
     copy_dir(&good, &d);
-    let f = edir(&d).join("model.mpk");
+    let f = edir(&d).join(shard_file);
     let len = std::fs::metadata(&f).unwrap().len();
     std::fs::OpenOptions::new()
         .write(true)
@@ -232,26 +233,31 @@ fn damaged(root: &Path, data: &Prepared) {
         .unwrap()
         .set_len(len / 3)
         .unwrap();
-    expect_checkpoint_error(resume(&d), "model.mpk", "truncated");
-    // One flipped byte in the optimizer record.
+    expect_checkpoint_error(resume(&d), shard_file, "cut short");
+    // One flipped byte in the shards' data.
     let d = root.join("flipped");
     copy_dir(&good, &d);
-    let f = edir(&d).join("optim.mpk");
+    let f = edir(&d).join(shard_file);
     let mut b = std::fs::read(&f).unwrap();
     let mid = b.len() / 2;
     b[mid] ^= 0x40;
     std::fs::write(&f, b).unwrap();
-    expect_checkpoint_error(resume(&d), "optim.mpk", "SHA-256");
+    expect_checkpoint_error(resume(&d), shard_file, "fails its checksum");
+    // A missing shard file.
+    let d = root.join("missing");
+    copy_dir(&good, &d);
+    std::fs::remove_file(edir(&d).join(shard_file)).unwrap();
+    expect_checkpoint_error(resume(&d), shard_file, "cannot be opened");
     // No commit point.
     let d = root.join("no-latest");
     copy_dir(&good, &d);
     std::fs::remove_file(d.join(checkpoint::LATEST)).unwrap();
     expect_checkpoint_error(resume(&d), "LATEST", "cannot read");
-    // A corrupt state.json.
-    let d = root.join("bad-state");
+    // A corrupt metadata file.
+    let d = root.join("bad-meta");
     copy_dir(&good, &d);
-    std::fs::write(edir(&d).join("state.json"), b"{\"epochs_done\": 1,").unwrap();
-    expect_checkpoint_error(resume(&d), "state.json", "corrupt");
+    std::fs::write(edir(&d).join("metadata.json"), b"{\"format\": 1,").unwrap();
+    expect_checkpoint_error(resume(&d), "metadata.json", "not a sharded checkpoint");
     // Another optimizer.
     let r = train_run(
         data,
@@ -260,19 +266,18 @@ fn damaged(root: &Path, data: &Prepared) {
             ..config(2, None, Some(&good))
         },
     );
-    expect_checkpoint_error(r, "state.json", "--optimizer");
+    expect_checkpoint_error(r, "metadata.json", "--optimizer");
     // A checkpoint of another model size (hidden 64 instead of 48).
     let d = root.join("hidden64");
     copy_dir(&good, &d);
-    let sp = edir(&d).join("state.json");
-    let mut st: checkpoint::CheckpointState =
-        serde_json::from_str(&std::fs::read_to_string(&sp).unwrap()).unwrap();
-    st.params
-        .insert("dense1.weight".into(), vec![INPUT_DIM, 64]);
-    std::fs::write(&sp, serde_json::to_vec(&st).unwrap()).unwrap();
+    let mp = edir(&d).join("metadata.json");
+    let mut meta: burn_dtensor::checkpoint::CheckpointMetadata =
+        serde_json::from_str(&std::fs::read_to_string(&mp).unwrap()).unwrap();
+    meta.tensors.get_mut("dense1.weight").unwrap().shape = vec![INPUT_DIM, 64];
+    std::fs::write(&mp, serde_json::to_vec(&meta).unwrap()).unwrap();
     expect_checkpoint_error(
         resume(&d),
-        "state.json",
+        "metadata.json",
         "dense1.weight: checkpoint Some([1200, 64]), model [1200, 48]",
     );
 }

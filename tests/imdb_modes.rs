@@ -128,7 +128,8 @@ fn modes_match_single_device_losses() {
 }
 
 /// The tutorial's checkpoint flow: data-parallel epoch 1 -> model-parallel epoch 2 ->
-/// spatial-parallel epoch 3, optimizer state included, continues the unbroken run's curve.
+/// spatial-parallel epoch 3 -> the bare backend (`--mode single`, off the mesh) epoch 4, each
+/// through a sharded checkpoint with the optimizer state, continues the unbroken run's curve.
 #[test]
 fn checkpoint_flow_across_modes() {
     let Some(data) = data() else { return };
@@ -141,14 +142,14 @@ fn checkpoint_flow_across_modes() {
     let unbroken = run(
         Mode::Single,
         &TrainConfig {
-            epochs: 3,
+            epochs: 4,
             ..base.clone()
         },
         data,
     );
-    assert_eq!(unbroken.len(), 24);
+    assert_eq!(unbroken.len(), 32);
     let dir = std::env::temp_dir().join(format!("dtensor-ckpt-{}", std::process::id()));
-    let (d1, d2) = (dir.join("e1"), dir.join("e2"));
+    let (d1, d2, d3) = (dir.join("e1"), dir.join("e2"), dir.join("e3"));
     let l1 = run(
         Mode::Data,
         &TrainConfig {
@@ -173,15 +174,25 @@ fn checkpoint_flow_across_modes() {
         &TrainConfig {
             epochs: 3,
             resume: Some(d2),
+            checkpoint_dir: Some(d3.clone()),
             ..base.clone()
         },
         data,
     );
-    assert_eq!((l1.len(), l2.len(), l3.len()), (8, 8, 8));
-    let resumed: Vec<f32> = [l1, l2, l3].concat();
+    let l4 = run(
+        Mode::Single,
+        &TrainConfig {
+            epochs: 4,
+            resume: Some(d3),
+            ..base.clone()
+        },
+        data,
+    );
+    assert_eq!((l1.len(), l2.len(), l3.len(), l4.len()), (8, 8, 8, 8));
+    let resumed: Vec<f32> = [l1, l2, l3, l4].concat();
     let diff = max_rel(&unbroken, &resumed);
     println!(
-        "resumed data -> model -> spatial vs unbroken single: max relative loss difference {diff:.2e}"
+        "resumed data -> model -> spatial -> single vs unbroken single: max relative loss difference {diff:.2e}"
     );
     assert!(diff < 1e-3, "{diff}");
     let _ = std::fs::remove_dir_all(dir);
@@ -253,10 +264,22 @@ fn export_then_predict_on_a_plain_backend() {
         eval: false,
         ..TrainConfig::default()
     };
+    let ck = std::env::temp_dir().join(format!("dtensor-export-ck-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&ck);
+    let cfg = TrainConfig {
+        checkpoint_dir: Some(ck.clone()),
+        ..cfg
+    };
     let (_, model) = train::train(&p, &cfg, data, &mut Quiet).unwrap();
     let file = std::env::temp_dir().join(format!("dtensor-export-{}", std::process::id()));
     train::export(model.valid(), &data.vectorizer, &file).unwrap();
     let (plain, vectorizer) = train::load_exported::<NdArray>(&file, &Default::default()).unwrap();
+    // `imdb_predict --checkpoint`: the sharded checkpoint read whole holds the same model and
+    // vectorizer.
+    let (from_ck, ck_vectorizer) =
+        dtensor_imdb::checkpoint::load_whole::<NdArray>(&ck, &Default::default()).unwrap();
+    assert_eq!(ck_vectorizer, vectorizer);
+    let _ = std::fs::remove_dir_all(&ck);
     let texts = [
         "A wonderful, moving film with a brilliant cast.",
         "Dull, far too long, and the acting is terrible.",
@@ -270,10 +293,14 @@ fn export_then_predict_on_a_plain_backend() {
         ))
         .into_data();
     let (xd, _) = p
-        .valid_batch(x, TensorData::new(vec![0i64, 0], [2]))
+        .valid_batch(x.clone(), TensorData::new(vec![0i64, 0], [2]))
         .unwrap();
     let want = model.valid().forward(xd).into_data();
     got.assert_approx_eq::<f32>(&want, burn::tensor::Tolerance::default());
+    from_ck
+        .forward(Tensor::<NdArray, 2>::from_data(x, &Default::default()))
+        .into_data()
+        .assert_eq(&got, true);
     let _ = std::fs::remove_file(file.with_extension("mpk"));
     let _ = std::fs::remove_file(train::vectorizer_path(&file));
 }

@@ -352,17 +352,20 @@ fn f64_as_2_4_8_processes_matches_one_process() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A checkpoint written by 4 processes in model mode resumes in 1 process in spatial mode and in
-/// 2 processes in data mode: the resumed epoch's losses are the unbroken run's (a checkpoint is
-/// one set of global tensors, gathered by every rank and written by rank 0).
+/// A sharded checkpoint written by 4 processes in model mode (each writing only the shards it
+/// owns) resumes in data, spatial and model mode on 1, 2 and 8 processes (each reading only
+/// its shards): in model mode the resumed epoch's losses are the unbroken one-process run's
+/// bitwise; in every mode they are bitwise the same for 1, 2 and 8 processes, and within 1e-5
+/// of the unbroken run (the other modes' own rounding).
 #[test]
-fn checkpoint_from_4_processes_resumes_in_1_and_2() {
+fn checkpoint_from_4_processes_resumes_in_1_2_and_8() {
     let Some(data) = common::archive() else {
         return;
     };
     if !mpi_ready() {
         return;
     }
+    const STEPS: usize = 10;
     let bin = example();
     let dir = std::env::temp_dir().join(format!("imdb-spmd-ck-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -373,7 +376,7 @@ fn checkpoint_from_4_processes_resumes_in_1_and_2() {
             "--epochs",
             epochs,
             "--max-steps",
-            "20",
+            &STEPS.to_string(),
             "--no-eval",
             "--data",
         ]
@@ -388,35 +391,60 @@ fn checkpoint_from_4_processes_resumes_in_1_and_2() {
         .args(["--mode", "model", "--summary-json"])
         .arg(&unbroken);
     run_ok(c, "unbroken model run");
-    let want = summary(&unbroken).train_losses[20..].to_vec();
+    let want = summary(&unbroken).train_losses[STEPS..].to_vec();
     let mut c = mpirun(4);
     c.arg(&bin)
         .args(common("1"))
         .args(["--mode", "model", "--checkpoint-dir"])
         .arg(&ck);
     run_ok(c, "mpirun -n 4 imdb_mlp --mode model --checkpoint-dir");
-    for (np, mode) in [(1, "spatial"), (2, "data")] {
-        let out = dir.join(format!("resumed-{np}.json"));
-        let mut c = if np == 1 {
-            Command::new(&bin)
-        } else {
-            let mut c = mpirun(np);
-            c.arg(&bin);
-            c
-        };
-        c.args(common("2"))
-            .args(["--mode", mode, "--resume"])
-            .arg(&ck)
-            .arg("--summary-json")
-            .arg(&out);
-        run_ok(c, &format!("resume in {np} process(es), {mode} mode"));
-        let got = summary(&out);
-        let d = max_rel(&want, &got.train_losses);
-        println!(
-            "checkpoint of 4 processes (model) resumed by {np} ({mode}): epoch 2 differs by {d:.1e}"
-        );
-        assert_eq!(got.world_size, np);
-        assert!(d < 1e-5, "resumed by {np} in {mode} mode: {d}");
+    // Four shard files, one per process: nobody wrote what another process owns.
+    let epoch = ck.join(std::fs::read_to_string(ck.join("LATEST")).unwrap().trim());
+    let files = std::fs::read_dir(&epoch)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with("-of-00004.safetensors")
+        })
+        .count();
+    assert_eq!(files, 4, "shard files in {}", epoch.display());
+    for mode in ["model", "data", "spatial"] {
+        let mut by_np: Vec<Vec<f32>> = Vec::new();
+        for np in [1, 2, 8] {
+            let out = dir.join(format!("resumed-{mode}-{np}.json"));
+            let mut c = if np == 1 {
+                Command::new(&bin)
+            } else {
+                let mut c = mpirun(np);
+                c.arg(&bin);
+                c
+            };
+            c.args(common("2"))
+                .args(["--mode", mode, "--resume"])
+                .arg(&ck)
+                .arg("--summary-json")
+                .arg(&out);
+            run_ok(c, &format!("resume in {np} process(es), {mode} mode"));
+            let got = summary(&out);
+            assert_eq!(got.world_size, np);
+            let d = max_rel(&want, &got.train_losses);
+            println!(
+                "checkpoint of 4 processes (model) resumed by {np} ({mode}): epoch 2 differs from the unbroken run by {d:.1e}"
+            );
+            assert!(d < 1e-5, "resumed by {np} in {mode} mode: {d}");
+            if mode == "model" {
+                assert_eq!(
+                    got.train_losses, want,
+                    "model mode resumed by {np} process(es) is not bitwise the unbroken run"
+                );
+            }
+            by_np.push(got.train_losses);
+        }
+        assert_eq!(by_np[1], by_np[0], "{mode}: 2 processes vs 1, bitwise");
+        assert_eq!(by_np[2], by_np[0], "{mode}: 8 processes vs 1, bitwise");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -98,6 +98,18 @@ impl MeshTopology {
     pub fn process_grid(&self) -> &crate::spmd::ProcessGrid {
         &self.grid
     }
+    /// The rank of the process that owns global position `g` (0 in one process): process
+    /// coordinates are the position's coordinates divided by the local block's, ranks row-major
+    /// over them (the layout [`crate::spmd`] builds).
+    pub fn process_of(&self, g: usize) -> usize {
+        if !self.multi {
+            return 0;
+        }
+        let grid = &self.grid;
+        self.coords(g).iter().enumerate().fold(0, |acc, (a, c)| {
+            acc * grid.procs[a] + c / grid.local_sizes[a]
+        })
+    }
     /// Number of positions this process owns (its addressable shards): [`MeshTopology::size`]
     /// in one process.
     pub fn local_size(&self) -> usize {

@@ -1032,10 +1032,16 @@ fn sharded_checkpoint_across_processes() {
     assert_eq!(meta.tensors["pending"].shards.len(), 4);
     assert_eq!(meta.tensors["big"].shards.len(), 8);
     let rep = &meta.tensors["rep"].shards;
-    assert_eq!(
-        (rep.len(), rep[0].file.as_str()),
-        (1, format!("shards-00000-of-{n:05}.safetensors").as_str())
-    );
+    // Written once, by whichever process had the fewest bytes planned.
+    assert_eq!(rep.len(), 1);
+    assert!(rep[0].file.ends_with(&format!("-of-{n:05}.safetensors")));
+    // The writing is spread: with 2 or 4 processes, more than one process writes.
+    let files: std::collections::BTreeSet<&str> = meta
+        .tensors
+        .values()
+        .flat_map(|t| t.shards.iter().map(|s| s.file.as_str()))
+        .collect();
+    assert_eq!(files.len() > 1, n > 1, "{files:?}");
     // Every checkpoint written so far (by 4, 2 and this count), under every layout.
     let mut written: Vec<_> = std::fs::read_dir(&root)
         .unwrap()

@@ -38,9 +38,11 @@
 //! tool) and `metadata.json`: per tensor its global shape, dtype, the layout at save time, and per
 //! shard its box (global offsets and sizes), file, byte range and CRC-32 per 256 KiB block.
 //!
-//! **Writers**: each distinct shard is written once, by the process holding the first mesh
-//! position (row-major) with that box; a replicated tensor is written once in all, by the chief.
-//! Partial tensors are reduced first (their settled value is saved).
+//! **Writers**: each distinct shard is written once, by one of the processes holding it: the
+//! one with the fewest bytes planned so far (replicas spread the writing over the processes, as
+//! PyTorch DCP's deduplicating save plan does). A plain backend's tensors
+//! ([`StateDict::insert_data`]) are written by the chief. Partial tensors are reduced first
+//! (their settled value is saved).
 //!
 //! **Commit** ([`save`]): all processes write and sync their files into a staging directory
 //! (`.NAME.partial` beside `NAME`), exchange their shard index (which doubles as a barrier),
@@ -116,6 +118,8 @@ pub struct StateDict {
     counters: BTreeMap<String, u64>,
     attributes: BTreeMap<String, serde_json::Value>,
     owned: Vec<write::OwnedShard>,
+    /// Bytes each process (by rank) is planned to write so far.
+    planned: BTreeMap<usize, u64>,
 }
 
 impl StateDict {
@@ -204,6 +208,10 @@ impl StateDict {
             sharding_spec: vec![crate::UNSHARDED.to_string(); shape.len()],
             shards: Vec::new(),
         };
+        if !shape.contains(&0) {
+            *self.planned.entry(0).or_default() +=
+                (shape.iter().product::<usize>() * write::elem_bytes(dtype)) as u64;
+        }
         if crate::spmd::init()?.is_chief() && !shape.contains(&0) {
             self.owned.push(write::OwnedShard {
                 tensor: name.clone(),
@@ -224,6 +232,7 @@ impl StateDict {
     /// # Errors
     /// As [`StateDict::insert_data`].
     pub fn from_module_whole<B: Backend, M: Module<B>>(module: &M) -> Result<Self> {
+        sync_running_states(module);
         let mut v = CollectWhole {
             path: Vec::new(),
             state: Self::new(),
@@ -269,14 +278,16 @@ impl StateDict {
             )
         })?;
         let topo = layout.mesh.clone();
-        let ranges = |g: usize| layout.shard_ranges(&shape, g);
+        let boxes: Vec<Vec<Range<usize>>> = (0..topo.size())
+            .map(|g| layout.shard_ranges(&shape, g))
+            .collect();
+        let writers = self.plan_writers(&topo, &boxes, dtype);
         for (j, p) in K::local_shards(prim).into_iter().enumerate() {
             let g = topo.global(j);
-            let mine = ranges(g);
-            let empty = mine.iter().any(|r| r.is_empty());
-            if empty || (0..g).any(|q| ranges(q) == mine) {
-                continue; // nothing to write, or another position owns this box
+            if !writers.contains(&g) {
+                continue; // empty, or another position writes this box
             }
+            let mine = &boxes[g];
             self.owned.push(write::OwnedShard {
                 tensor: name.clone(),
                 offsets: mine.iter().map(|r| r.start).collect(),
@@ -289,12 +300,51 @@ impl StateDict {
         Ok(())
     }
 
+    /// The mesh position that writes each distinct non-empty box of `boxes` (one per mesh
+    /// position): among the positions holding the box, the one whose process has the fewest
+    /// bytes planned so far in this state dict (the first in mesh order on a tie), so that
+    /// replicas spread the writing over the processes (PyTorch DCP's deduplicating save plan
+    /// balances the same way). Every process computes the same plan: the same tensors are
+    /// inserted in the same order.
+    fn plan_writers(
+        &mut self,
+        topo: &crate::MeshTopology,
+        boxes: &[Vec<Range<usize>>],
+        dtype: DType,
+    ) -> Vec<usize> {
+        let elem = write::elem_bytes(dtype) as u64;
+        let mut done = vec![false; boxes.len()];
+        let mut writers = Vec::new();
+        for g in 0..boxes.len() {
+            if done[g] {
+                continue;
+            }
+            let holders: Vec<usize> = (g..boxes.len()).filter(|&q| boxes[q] == boxes[g]).collect();
+            for &q in &holders {
+                done[q] = true;
+            }
+            let numel: usize = boxes[g].iter().map(|r| r.len()).product();
+            if numel == 0 {
+                continue;
+            }
+            let load = |q: usize| self.planned.get(&topo.process_of(q)).copied().unwrap_or(0);
+            let w = *holders
+                .iter()
+                .min_by_key(|&&q| (load(q), q))
+                .expect("a box has a holder");
+            *self.planned.entry(topo.process_of(w)).or_default() += numel as u64 * elem;
+            writers.push(w);
+        }
+        writers
+    }
+
     /// Every parameter of `module` (float, int and bool), by its module path (`dense1.weight`),
     /// in its current layout.
     ///
     /// # Errors
     /// As [`StateDict::insert`].
     pub fn from_module<B: DistributedOps, M: Module<B>>(module: &M) -> Result<Self> {
+        sync_running_states(module);
         let mut v = Collect {
             path: Vec::new(),
             state: Self::new(),
@@ -345,6 +395,15 @@ impl<B: DistributedOps> ModuleVisitor<B> for Collect {
     fn visit_bool<const D: usize>(&mut self, p: &Param<Tensor<B, D, Bool>>) {
         self.add(p.val());
     }
+}
+
+/// Folds the pending update of every `RunningState` of `module` (BatchNorm's running mean and
+/// variance) into its value. Burn's module visit reads a running state's value without this
+/// (the last training step's update would be lost, the statistics one step behind); its
+/// `into_record` syncs, on the shared state, so a record of a clone (tensor handles only, no
+/// copy or collective) does it.
+fn sync_running_states<B: Backend, M: Module<B>>(module: &M) {
+    let _ = module.clone().into_record();
 }
 
 struct CollectWhole {

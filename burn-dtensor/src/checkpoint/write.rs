@@ -60,7 +60,7 @@ fn host_bytes(data: &TensorData) -> Cow<'_, [u8]> {
 }
 
 /// Element size in the file.
-fn elem_bytes(d: DType) -> usize {
+pub(super) fn elem_bytes(d: DType) -> usize {
     match d {
         DType::Bool(_) => 1,
         DType::Flex32 => 4,
@@ -140,6 +140,7 @@ pub(super) fn save(dir: &Path, state: StateDict, opts: &SaveOptions) -> Result<C
         counters,
         attributes,
         owned,
+        ..
     } = state;
     // Each process reports its shard index or its error, so that a failed write on one rank
     // is an error on every rank (never a rank waiting for another that gave up).
