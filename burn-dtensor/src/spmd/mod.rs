@@ -441,11 +441,21 @@ pub fn abort_job(message: &str, code: i32) -> ! {
         ),
         None => format!("pid {}", std::process::id()),
     };
-    eprintln!("burn-dtensor [{who}]: {message}");
+    write_line(&format!("burn-dtensor [{who}]: {message}"));
     match group {
         Some(g) => g.abort(code),
         None => std::process::exit(code),
     }
+}
+
+/// Writes `line` and a newline to stderr in one `write` call. `eprintln!` writes each piece of
+/// its format separately, and `mpirun` forwards a rank's stderr in the chunks it reads: its own
+/// abort banner could land between the pieces of a message that ends the job.
+fn write_line(line: &str) {
+    use std::io::Write;
+    let mut stderr = std::io::stderr().lock();
+    let _ = stderr.write_all(format!("{line}\n").as_bytes());
+    let _ = stderr.flush();
 }
 
 /// In a multi-process world, a panic on any thread ends the job after the usual panic message
@@ -490,13 +500,13 @@ fn start_watched(launch: &LaunchEnv) -> Result<Arc<dyn ProcessGroup>> {
             std::thread::sleep(Duration::from_millis(10));
         }
         if !seen.load(Ordering::Acquire) {
-            eprintln!(
+            write_line(&format!(
                 "burn-dtensor: rank {rank} of {size}: the SPMD world did not start within {:.1} s \
                  (joining waits for every process): at least one of the {size} processes never \
                  joined (not started, stuck, or dead before joining); raise \
                  BURN_DTENSOR_COLLECTIVE_TIMEOUT_S if start-up is slow",
                 timeout.as_secs_f64()
-            );
+            ));
             // MPI is not usable: nothing to abort through, and no exit handler may run (the
             // MPI finaliser would wait for the world).
             // SAFETY: `_exit` has no preconditions.
