@@ -8,7 +8,8 @@
 //! `DTENSOR_CRASH_CHILD` set, the child trainer the parent kills (`DTENSOR_CKPT_KILL_AT=k` makes
 //! the child SIGKILL itself at the k-th write point, see `dtensor_imdb::checkpoint`). Training
 //! runs on a small synthetic corpus (the point is the file handling, not the data), model mode
-//! on a `batch=2,model=2` mesh.
+//! on a `batch=2,model=2` mesh. The kills are then repeated with the trainer running as 2 MPI
+//! processes (`mpirun -np 2`), at each write point of each rank in turn.
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -113,13 +114,49 @@ fn child() -> ! {
     }
 }
 
+/// Where the child runs: in one process, or as `np` MPI processes with `rank` the one killed.
+#[derive(Clone, Copy)]
+enum Run {
+    Alone,
+    Mpi { np: usize, rank: usize },
+}
+
 fn spawn(
     dir: &Path,
     epochs: usize,
     resume: bool,
     kill_at: Option<usize>,
 ) -> std::process::ExitStatus {
-    let mut c = Command::new(std::env::current_exe().unwrap());
+    spawn_as(Run::Alone, dir, epochs, resume, kill_at)
+}
+
+fn spawn_as(
+    run: Run,
+    dir: &Path,
+    epochs: usize,
+    resume: bool,
+    kill_at: Option<usize>,
+) -> std::process::ExitStatus {
+    let exe = std::env::current_exe().unwrap();
+    let mut c = match run {
+        Run::Alone => Command::new(exe),
+        Run::Mpi { np, rank } => {
+            let mut c = Command::new("timeout");
+            c.args([
+                "120",
+                "mpirun",
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "-np",
+            ])
+            .arg(np.to_string())
+            .arg(exe)
+            .env("DTENSOR_CKPT_KILL_RANK", rank.to_string())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+            c
+        }
+    };
     c.env("DTENSOR_CRASH_CHILD", "1")
         .env("DTENSOR_CRASH_DIR", dir)
         .env("DTENSOR_CRASH_EPOCHS", epochs.to_string())
@@ -145,26 +182,43 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-fn kill_points(root: &Path, data: &Prepared, reference: &[f32]) -> usize {
+/// Kills the trainer (`run`: alone, or one rank of an MPI run) at each write point of its
+/// epoch-2 save in turn; every resume (in one process) must continue the unbroken run bitwise.
+/// Returns the number of write points.
+fn kill_points(root: &Path, data: &Prepared, reference: &[f32], run: Run) -> usize {
+    let tag = match run {
+        Run::Alone => "alone".to_string(),
+        Run::Mpi { np, rank } => format!("np{np}-rank{rank}"),
+    };
     // One complete checkpoint after epoch 1, the starting point of every try.
-    let base = root.join("base");
-    assert!(spawn(&base, 1, false, None).success(), "first epoch");
+    let base = root.join(format!("base-{tag}"));
+    assert!(
+        spawn_as(run, &base, 1, false, None).success(),
+        "{tag}: first epoch"
+    );
     let mut k = 1;
     let mut outcomes = Vec::new();
     loop {
-        let dir = root.join(format!("kill-{k}"));
+        let dir = root.join(format!("kill-{tag}-{k}"));
         copy_dir(&base, &dir);
         // Resume at epoch 1 and train epoch 2, killed at the k-th write point of its save.
-        let st = spawn(&dir, 2, true, Some(k));
+        let st = spawn_as(run, &dir, 2, true, Some(k));
         if st.success() {
             // k is past the last write point: the save completed.
             break;
         }
-        assert_eq!(
-            st.signal(),
-            Some(9),
-            "try {k}: the child should have been SIGKILLed, got {st:?}"
-        );
+        match run {
+            Run::Alone => assert_eq!(
+                st.signal(),
+                Some(9),
+                "try {k}: the child should have been SIGKILLed, got {st:?}"
+            ),
+            // mpirun ends the job when a rank dies; `timeout` gives 124 for a hang.
+            Run::Mpi { .. } => assert!(
+                st.code() != Some(124) && st.code() != Some(3),
+                "{tag} try {k}: the job should have ended by the kill, got {st:?}"
+            ),
+        }
         // Whatever was left, a resume must continue from a complete checkpoint.
         let state = checkpoint::read(&dir)
             .unwrap_or_else(|e| {
@@ -178,11 +232,11 @@ fn kill_points(root: &Path, data: &Prepared, reference: &[f32]) -> usize {
         );
         let done = state.epochs_done;
         let losses = train_run(data, &config(EPOCHS, Some(&dir), Some(&dir)))
-            .unwrap_or_else(|e| panic!("try {k}: resume failed: {e}"));
+            .unwrap_or_else(|e| panic!("{tag} try {k}: resume failed: {e}"));
         assert_eq!(
             losses,
             reference[done * STEPS..],
-            "try {k}: resumed after epoch {done}, losses differ from the unbroken run"
+            "{tag} try {k}: resumed after epoch {done}, losses differ from the unbroken run"
         );
         let last = checkpoint::read(&dir).unwrap().state;
         assert_eq!(last.epochs_done, EPOCHS);
@@ -194,10 +248,12 @@ fn kill_points(root: &Path, data: &Prepared, reference: &[f32]) -> usize {
         k += 1;
         assert!(k < 256, "more write points than expected");
     }
-    // Both outcomes occur: killed before the commit (epoch 1 kept), after it (epoch 2).
+    // Both outcomes occur: killed before the commit (epoch 1 kept), after it (epoch 2); a rank
+    // other than the chief has no write point after the commit.
+    let chief = matches!(run, Run::Alone | Run::Mpi { rank: 0, .. });
     assert!(
-        outcomes.contains(&1) && outcomes.contains(&2),
-        "{outcomes:?}"
+        outcomes.contains(&1) && (outcomes.contains(&2) || !chief),
+        "{tag}: {outcomes:?}"
     );
     k - 1
 }
@@ -282,6 +338,17 @@ fn damaged(root: &Path, data: &Prepared) {
     );
 }
 
+/// Why the multi-process kills cannot run here, if they cannot.
+fn mpi_missing() -> Option<&'static str> {
+    if !cfg!(feature = "mpi") {
+        Some("built without the `mpi` feature")
+    } else if Command::new("mpirun").arg("--version").output().is_err() {
+        Some("no `mpirun` (apt-get install openmpi-bin libopenmpi-dev)")
+    } else {
+        None
+    }
+}
+
 fn main() {
     if std::env::var("DTENSOR_CRASH_CHILD").is_ok() {
         child();
@@ -293,9 +360,29 @@ fn main() {
     let reference = train_run(&data, &config(EPOCHS, Some(&root.join("ref")), None)).unwrap();
     assert_eq!(reference.len(), EPOCHS * STEPS);
     let mut passed = 0;
-    let points = kill_points(&root, &data, &reference);
+    let points = kill_points(&root, &data, &reference, Run::Alone);
     println!("kill at each of {points} write points: every resume continued the unbroken run");
     passed += 1;
+    // The same trainer as 2 MPI processes (each writing its own shards), each rank killed at
+    // each of its write points; the resumes run in one process and must still be bitwise.
+    match mpi_missing() {
+        Some(why) if std::env::var_os("BURN_DTENSOR_REQUIRE_MPI").is_some() => {
+            panic!("BURN_DTENSOR_REQUIRE_MPI is set but {why}")
+        }
+        Some(why) => println!("kill under mpirun: skipped ({why})"),
+        None => {
+            for rank in 0..2 {
+                let t = std::time::Instant::now();
+                let points = kill_points(&root, &data, &reference, Run::Mpi { np: 2, rank });
+                println!(
+                    "mpirun -np 2, rank {rank} killed at each of its {points} write points: every \
+                     resume continued the unbroken run ({:.1} s)",
+                    t.elapsed().as_secs_f64()
+                );
+            }
+            passed += 1;
+        }
+    }
     damaged(&root, &data);
     println!("damaged and mismatched checkpoints: typed errors naming the file");
     passed += 1;

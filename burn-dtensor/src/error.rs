@@ -229,6 +229,17 @@ pub enum DTensorError {
         /// What is wrong and how to fix it.
         reason: String,
     },
+    /// A process rank that the SPMD run does not have (e.g. the destination of
+    /// [`crate::DTensorExt::gather_to_process`]).
+    #[error(
+        "process {process} does not exist: the run has {size} process(es), ranks 0..{size}; name one of those (0 is the chief)"
+    )]
+    NoSuchProcess {
+        /// The rank asked for.
+        process: usize,
+        /// Processes in the run.
+        size: usize,
+    },
     /// Joining the process world failed (see the message), e.g. a run under `mpirun` of a binary
     /// built without the `mpi` feature.
     #[error("multi-process start-up failed: {0}")]

@@ -80,6 +80,24 @@ pub fn extract(data: &TensorData, ranges: &[Range<usize>]) -> Result<TensorData>
     Ok(TensorData::from_bytes_vec(out, out_shape, data.dtype))
 }
 
+/// Appends the box `ranges` of the row-major tensor `src` (of `shape`, elements of `elem`
+/// bytes) to `out`, row-major.
+pub fn append_box(
+    shape: &[usize],
+    elem: usize,
+    src: &[u8],
+    ranges: &[Range<usize>],
+    out: &mut Vec<u8>,
+) {
+    let at = out.len();
+    let n: usize = ranges.iter().map(|r| r.len()).product();
+    out.resize(at + n * elem, 0);
+    let dst = &mut out[at..];
+    for_each_run(shape, ranges, |s, d, n| {
+        dst[d * elem..(d + n) * elem].copy_from_slice(&src[s * elem..(s + n) * elem])
+    });
+}
+
 /// The boxes `boxes` of a host tensor, each row-major, one after the other, as one host tensor
 /// of `shape` (which holds exactly their elements): the stacked form of a sharded tensor
 /// ([`crate::stack`]) built on the host, so that it uploads contiguous in one transfer.
@@ -115,7 +133,7 @@ pub fn stack(
 
 /// Whether `boxes` of a row-major tensor of `shape` are contiguous runs of its buffer that follow
 /// one another from its start to its end.
-fn consecutive(shape: &[usize], boxes: &[Vec<Range<usize>>]) -> bool {
+pub fn consecutive(shape: &[usize], boxes: &[Vec<Range<usize>>]) -> bool {
     let mut next = 0;
     for ranges in boxes {
         // Contiguous: every dim after the first one the box spans more than one index of is whole.
@@ -162,15 +180,32 @@ pub fn assemble(
         return Ok(pieces.into_iter().next().unwrap().1);
     }
     let es = elem_size(&pieces[0].1)?;
-    let mut out = vec![0u8; shape.iter().product::<usize>() * es];
-    for (ranges, data) in &pieces {
-        let src = data.as_bytes();
+    let boxes: Vec<(&[Range<usize>], &[u8])> = pieces
+        .iter()
+        .map(|(r, d)| (r.as_slice(), d.as_bytes()))
+        .collect();
+    Ok(TensorData::from_bytes_vec(
+        assemble_bytes(shape, es, &boxes),
+        shape.to_vec(),
+        dtype,
+    ))
+}
+
+/// The row-major bytes of a tensor of `shape` (elements of `elem` bytes) from the row-major
+/// bytes of boxes that tile it.
+pub fn assemble_bytes(
+    shape: &[usize],
+    elem: usize,
+    pieces: &[(&[Range<usize>], &[u8])],
+) -> Vec<u8> {
+    let mut out = vec![0u8; shape.iter().product::<usize>() * elem];
+    for (ranges, src) in pieces {
         for_each_run(shape, ranges, |dst_off, piece_off, n| {
-            out[dst_off * es..(dst_off + n) * es]
-                .copy_from_slice(&src[piece_off * es..(piece_off + n) * es]);
+            out[dst_off * elem..(dst_off + n) * elem]
+                .copy_from_slice(&src[piece_off * elem..(piece_off + n) * elem]);
         });
     }
-    Ok(TensorData::from_bytes_vec(out, shape.to_vec(), dtype))
+    out
 }
 
 #[cfg(test)]

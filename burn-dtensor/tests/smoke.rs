@@ -70,7 +70,16 @@ fn smoke_matmul_sum_mean_uneven() {
         .relayout(&Layout::new(&m, ["model", "batch"]).unwrap())
         .unwrap();
     println!("{}", r.describe());
-    r.into_data().assert_eq(&xr.into_data(), true);
+    // In one process, gathering to process 0 is `into_data`; there is no process 1.
+    let gathered = r.clone().gather_to_process(0).unwrap().expect("process 0");
+    gathered.assert_eq(&xr.into_data(), true);
+    assert!(matches!(
+        r.gather_to_process(1),
+        Err(DTensorError::NoSuchProcess {
+            process: 1,
+            size: 1
+        })
+    ));
 }
 
 /// A creation-layout policy shards every tensor created on the mesh (from data, `zeros`,

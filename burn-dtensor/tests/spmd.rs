@@ -192,7 +192,57 @@ fn check(what: &str, got: Tensor<DB, 2>, want: Tensor<N, 2>) {
     }
 }
 
-/// Element-wise, reduction, matmul and relayout on every layout pair, even and uneven shapes.
+/// `gather_to_process` to each process in turn: the global value there (to the ordered
+/// reduction's rounding for a partial layout; of float, int and bool tensors), `None` elsewhere,
+/// and a typed error for a rank the run does not have.
+fn gathered_to_each_process(what: &str, x: Tensor<DB, 2>, want: &TensorData) {
+    let w = spmd::init().unwrap();
+    let want_f: Vec<f32> = want.to_vec().unwrap();
+    let partial = x.layout().is_partial();
+    for q in 0..w.size() {
+        // Every process calls every gather (SPMD); only `q` gets values.
+        let got = x.clone().gather_to_process(q).unwrap();
+        let (ints, bools) = if partial {
+            (None, None)
+        } else {
+            (
+                x.clone().int().gather_to_process(q).unwrap(),
+                x.clone().greater_elem(0.0).gather_to_process(q).unwrap(),
+            )
+        };
+        if q != w.rank() {
+            assert!(
+                got.is_none() && ints.is_none() && bools.is_none(),
+                "{what}: gathered to {q}"
+            );
+            continue;
+        }
+        let got = got.expect("the destination gets the value");
+        assert_eq!(got.shape, want.shape, "{what}");
+        close(
+            &format!("{what}: gathered to {q}"),
+            &got.to_vec::<f32>().unwrap(),
+            &want_f,
+        );
+        if !partial {
+            assert_eq!(&got, want, "{what}: gathered to {q}, bitwise");
+            let want_i: Vec<i64> = want_f.iter().map(|v| *v as i64).collect();
+            let ints = ints.expect("the destination gets the ints");
+            assert_eq!(ints.to_vec::<i64>().unwrap(), want_i, "{what}: int");
+            let want_b: Vec<bool> = want_f.iter().map(|v| *v > 0.0).collect();
+            let bools = bools.expect("the destination gets the bools");
+            assert_eq!(bools.to_vec::<bool>().unwrap(), want_b, "{what}: bool");
+        }
+    }
+    let err = x.gather_to_process(w.size()).unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("process {} does not exist", w.size())),
+        "{err}"
+    );
+}
+
+/// Element-wise, reduction, matmul and relayout on every layout pair, even and uneven shapes;
+/// every layout gathered to each process in turn.
 #[test]
 fn ops_and_relayouts_across_processes() {
     let name = "ops_and_relayouts_across_processes";
@@ -211,6 +261,7 @@ fn ops_and_relayouts_across_processes() {
             for la in &ls {
                 let x: Tensor<DB, 2> = distribute(dx.clone(), la).unwrap();
                 check(&format!("distribute {la}"), x.clone(), ox.clone());
+                gathered_to_each_process(&format!("{la}"), x.clone(), &dx);
                 check(&format!("exp {la}"), x.clone().exp(), ox.clone().exp());
                 check(
                     &format!("sum_dim(0) {la}"),
@@ -440,7 +491,32 @@ fn random_creation_across_processes() {
         grew <= shard * 3 / 2 + (16 << 20),
         "peak grew {grew} B for a {shard} B shard"
     );
-    assert_eq!(t.to_local_shards()[0].dims(), [8192 / n, 8192]);
+    assert_eq!(t.clone().to_local_shards()[0].dims(), [8192 / n, 8192]);
+    // Gathered to the last process only: the others hold no more than their shard once again
+    // (sent from its download); the destination, the received shards and the whole.
+    let me = spmd::init().unwrap().rank();
+    if std::fs::write("/proc/self/clear_refs", "5").is_ok() {
+        let rss = status_bytes("VmRSS:");
+        let got = t.clone().gather_to_process(n - 1).unwrap();
+        let grew = status_bytes("VmHWM:").saturating_sub(rss);
+        let whole = shard * n as u64;
+        println!(
+            "rank {me}: gathering the 256 MiB tensor to rank {} raised the peak by {} MiB",
+            n - 1,
+            grew >> 20
+        );
+        if me == n - 1 {
+            assert!(grew <= whole * 5 / 2 + (16 << 20), "peak grew {grew} B");
+            assert_eq!(got.unwrap(), t.into_data(), "gathered to rank {}", n - 1);
+        } else {
+            assert!(got.is_none());
+            assert!(
+                grew <= shard * 3 / 2 + (16 << 20),
+                "peak grew {grew} B for a {shard} B shard"
+            );
+            let _ = t.into_data();
+        }
+    }
     done(name);
 }
 

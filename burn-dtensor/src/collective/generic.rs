@@ -275,8 +275,10 @@ fn gather_group<B: Backend, K: Kind<B>>(
 }
 
 /// Reduce-scatter along `axis`: the group's `op`-reduction, chunked along `dim` (whose full size
-/// is `n`) so that the member with coordinate `c` keeps chunk `c`. Across processes: the
-/// in-process reduction, an all-reduce across the processes, then each keeps its chunks.
+/// is `n`) so that the member with coordinate `c` keeps chunk `c`. Across processes, in the
+/// default ordered reduction: each process receives only its block of every member's shard and
+/// reduces it ([`across::reduce_scatter_ordered`]); with the engine's reduction: the in-process
+/// reduction, an all-reduce across the processes, then each keeps its chunks.
 pub fn reduce_scatter<B: Backend, K: Kind<B>>(
     shards: &mut [K::P],
     topo: &MeshTopology,
@@ -289,14 +291,37 @@ pub fn reduce_scatter<B: Backend, K: Kind<B>>(
     let pg = across::group(topo, axis);
     let (mut bytes, mut remote) = (0, 0);
     for group in topo.local_groups(axis) {
-        let (acc, b) = reduce_across::<B, K>(shards, &group, pg, topo, axis, op, global);
-        let n = acc.shape()[dim];
-        bytes += (l as u64 - 1) * nbytes(&acc);
+        let n = shards[group[0]].shape()[dim];
+        bytes += (l as u64 - 1) * nbytes(&shards[group[0]]);
+        // The reduced block of `dim` this process's members share, and where it starts.
+        let (acc, base, b) = match pg {
+            Some(pg) if crate::spmd::reduction() == crate::spmd::Reduction::Ordered => {
+                let members = group.iter().map(|&i| shards[i].clone()).collect();
+                let tree = as_tree::<B>(shards[group[0]].shape().num_elements());
+                let (acc, b) = across::reduce_scatter_ordered::<B, K>(
+                    members,
+                    pg,
+                    topo,
+                    (axis, dim),
+                    global,
+                    |all| {
+                        let everyone: Vec<usize> = (0..all.len()).collect();
+                        reduce_group_as::<B, K>(all, &everyone, op, &topo.engines, tree)
+                    },
+                );
+                (acc, across::block(n, k, l, pg.rank()).start, b)
+            }
+            _ => {
+                let (acc, b) = reduce_across::<B, K>(shards, &group, pg, topo, axis, op, global);
+                (acc, 0, b)
+            }
+        };
         remote += b;
         for &i in &group {
             let dev = K::device(&shards[i]);
-            let c = topo.coord(topo.global(i), axis);
-            shards[i] = K::to_device(narrow::<B, K>(acc.clone(), dim, chunk(n, k, c)), &dev);
+            let r = chunk(n, k, topo.coord(topo.global(i), axis));
+            let part = narrow::<B, K>(acc.clone(), dim, r.start - base..r.end - base);
+            shards[i] = K::to_device(part, &dev);
         }
     }
     comm::record_across(
@@ -320,21 +345,24 @@ pub fn all_to_all<B: Backend, K: Kind<B>>(
 ) {
     let k = topo.axis_size(axis);
     if let Some(pg) = across::group(topo, axis) {
-        // Across processes: gathered whole along `from_dim` (in process, then across), then
-        // each device keeps its chunk of `to_dim`.
+        // Across processes: this process's members' blocks joined along `from_dim`, then each
+        // process receives only the part of every process's block in its block of `to_dim`
+        // ([`across::all_to_all`]); each device keeps its chunk of that.
         let l = topo.local_axis_size(axis) as u64;
         let (mut bytes, mut remote) = (0, 0);
         for group in topo.local_groups(axis) {
             let block = gather_group::<B, K>(shards, &group, from_dim, &topo.engines);
             bytes += (l - 1) * nbytes(&block);
-            let (full, b) = across::all_gather::<B, K>(block, pg, topo, axis, from_dim, global);
+            let n_to = block.shape()[to_dim];
+            let (mine, b) =
+                across::all_to_all::<B, K>(block, pg, topo, axis, (from_dim, to_dim), global);
             remote += b;
-            let n_to = full.shape()[to_dim];
+            let base = across::block(n_to, k, l as usize, pg.rank()).start;
             for &i in &group {
-                let c = topo.coord(topo.global(i), axis);
+                let r = chunk(n_to, k, topo.coord(topo.global(i), axis));
                 let dev = K::device(&shards[i]);
                 shards[i] = K::to_device(
-                    narrow::<B, K>(full.clone(), to_dim, chunk(n_to, k, c)),
+                    narrow::<B, K>(mine.clone(), to_dim, r.start - base..r.end - base),
                     &dev,
                 );
             }
