@@ -523,8 +523,8 @@ fn random_creation_across_processes() {
 /// The ordered all-reduce of a 256 MiB partial sum across the processes (one mesh position
 /// each) runs in bounded memory: each process holds its shard, one chunk of every member's and
 /// the result, never all `k` shards (what gathering them took: `k` times the shard, twice). The
-/// bar is a peak growth of at most 3 times the shard over the resident input; the values are the
-/// sum on every rank.
+/// bar is a peak growth over the resident input of at most 2.5 times the shard on 4 processes
+/// (3 times on 2); the values are the sum on every rank.
 #[test]
 fn ordered_all_reduce_in_bounded_memory() {
     let name = "ordered_all_reduce_in_bounded_memory";
@@ -556,10 +556,10 @@ fn ordered_all_reduce_in_bounded_memory() {
         "{} vs {want}",
         v[0]
     );
-    assert!(
-        grew <= 3 * shard,
-        "peak grew {grew} B for a {shard} B shard"
-    );
+    // Issue 20's bar on 4 processes: under 2.5 x the shard (measured 2.25 x); on 2, the chunk
+    // of each member is half the shard, so 3 x (measured 2.5 x).
+    let bar = if n >= 4 { shard * 5 / 2 } else { 3 * shard };
+    assert!(grew <= bar, "peak grew {grew} B for a {shard} B shard");
     done(name);
 }
 
