@@ -154,20 +154,7 @@ fn worker(root: &Path) {
 }
 
 fn main() {
-    let root = std::env::temp_dir().join("dtensor-bench-checkpoint-io");
-    if spmd::LaunchEnv::detect().is_ok_and(|l| l.is_multi_process()) {
-        worker(&root);
-        return;
-    }
     // One process (a world of one), then 2 and 4 under mpirun (2 only for the smoke test).
-    if !common::smoke() {
-        worker(&root);
-    }
-    if !cfg!(feature = "mpi") {
-        println!(
-            "skipped: build with `--features mpi` (and install OpenMPI) to measure across processes"
-        );
-        return;
-    }
-    common::under_mpirun(&[2, 4]);
+    let root = std::env::temp_dir().join("dtensor-bench-checkpoint-io");
+    common::one_then_under_mpirun(&[2, 4], || worker(&root));
 }

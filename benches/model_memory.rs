@@ -277,20 +277,7 @@ fn worker(root: &Path) {
 }
 
 fn main() {
-    let root = std::env::temp_dir().join("dtensor-bench-model-memory");
-    if spmd::LaunchEnv::detect().is_ok_and(|l| l.is_multi_process()) {
-        worker(&root);
-        return;
-    }
     // One process (a world of one), then 2, 4 and 8 under mpirun (2 only for the smoke test).
-    if !common::smoke() {
-        worker(&root);
-    }
-    if !cfg!(feature = "mpi") {
-        println!(
-            "skipped: build with `--features mpi` (and install OpenMPI) to measure across processes"
-        );
-        return;
-    }
-    common::under_mpirun(&[2, 4, 8]);
+    let root = std::env::temp_dir().join("dtensor-bench-model-memory");
+    common::one_then_under_mpirun(&[2, 4, 8], || worker(&root));
 }

@@ -65,3 +65,23 @@ pub fn under_mpirun(counts: &[usize]) {
         }
     }
 }
+
+/// The `main` of a bench measured across processes: under `mpirun`, this rank runs `worker`;
+/// started alone, it runs `worker` in one process (not in a smoke run), then itself under
+/// `mpirun` for each count of `counts` ([`under_mpirun`]), or says why it cannot.
+pub fn one_then_under_mpirun(counts: &[usize], worker: impl Fn()) {
+    if burn_dtensor::spmd::LaunchEnv::detect().is_ok_and(|l| l.is_multi_process()) {
+        worker();
+        return;
+    }
+    if !smoke() {
+        worker();
+    }
+    if !cfg!(feature = "mpi") {
+        println!(
+            "skipped: build with `--features mpi` (and install OpenMPI) to measure across processes"
+        );
+        return;
+    }
+    under_mpirun(counts);
+}

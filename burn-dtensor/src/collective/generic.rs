@@ -146,6 +146,23 @@ fn reduce_group_as<B: Backend, K: Kind<B>>(
     level.pop().expect("a group has at least one member")
 }
 
+/// The reduction of the chunks of a group's shards that a process receives in a chunked
+/// ordered collective ([`across::all_reduce_ordered`], [`across::reduce_scatter_ordered`]): all
+/// of them in order, in the shape (chain or tree) the whole shards of `group` would be reduced in,
+/// so that every element is summed as in one process.
+fn ordered_chunks<'a, B: Backend, K: Kind<B>>(
+    shards: &[K::P],
+    group: &[usize],
+    op: ReduceOp,
+    topo: &'a MeshTopology,
+) -> impl FnOnce(&[K::P]) -> K::P + 'a {
+    let tree = as_tree::<B>(shards[group[0]].shape().num_elements());
+    move |all| {
+        let everyone: Vec<usize> = (0..all.len()).collect();
+        reduce_group_as::<B, K>(all, &everyone, op, &topo.engines, tree)
+    }
+}
+
 /// The reduction of an in-process group's shards and, on a multi-process mesh, of the matching
 /// groups of the other processes along the axis (process group `pg`): in mesh coordinate order
 /// ([`across::all_reduce_ordered`]) unless [`crate::spmd::Reduction::Engine`] was chosen, then
@@ -166,11 +183,8 @@ fn reduce_across<B: Backend, K: Kind<B>>(
     match crate::spmd::reduction() {
         crate::spmd::Reduction::Ordered => {
             let members = group.iter().map(|&i| shards[i].clone()).collect();
-            let tree = as_tree::<B>(shards[group[0]].shape().num_elements());
-            across::all_reduce_ordered::<B, K>(members, pg, topo, axis, global, |all| {
-                let everyone: Vec<usize> = (0..all.len()).collect();
-                reduce_group_as::<B, K>(all, &everyone, op, &topo.engines, tree)
-            })
+            let reduce = ordered_chunks::<B, K>(shards, group, op, topo);
+            across::all_reduce_ordered::<B, K>(members, pg, topo, axis, global, reduce)
         }
         crate::spmd::Reduction::Engine => {
             let acc = reduce_group::<B, K>(shards, group, op, &topo.engines);
@@ -297,17 +311,14 @@ pub fn reduce_scatter<B: Backend, K: Kind<B>>(
         let (acc, base, b) = match pg {
             Some(pg) if crate::spmd::reduction() == crate::spmd::Reduction::Ordered => {
                 let members = group.iter().map(|&i| shards[i].clone()).collect();
-                let tree = as_tree::<B>(shards[group[0]].shape().num_elements());
+                let reduce = ordered_chunks::<B, K>(shards, &group, op, topo);
                 let (acc, b) = across::reduce_scatter_ordered::<B, K>(
                     members,
                     pg,
                     topo,
                     (axis, dim),
                     global,
-                    |all| {
-                        let everyone: Vec<usize> = (0..all.len()).collect();
-                        reduce_group_as::<B, K>(all, &everyone, op, &topo.engines, tree)
-                    },
+                    reduce,
                 );
                 (acc, across::block(n, k, l, pg.rank()).start, b)
             }
