@@ -530,7 +530,14 @@ fn gather_shards<P>(
             }
         })
         .collect();
-    let received = group.all_to_all(&send, &send_counts, &recv_counts, what);
+    let mut received = crate::host::HostBuffer::zeroed(recv_counts.iter().sum(), dtype);
+    group.all_to_all_into(
+        &send,
+        &send_counts,
+        &recv_counts,
+        received.as_bytes_mut(),
+        what,
+    );
     drop(send);
     drop(host);
     if me != process {
@@ -547,16 +554,12 @@ fn gather_shards<P>(
             .iter()
             .map(|&g| {
                 at += bytes(g);
-                (boxes[g].as_slice(), &received[at - bytes(g)..at])
+                (boxes[g].as_slice(), &received.as_bytes()[at - bytes(g)..at])
             })
             .collect();
-        crate::host::assemble_bytes(shape, elem, &pieces)
+        crate::host::assemble_bytes(shape, dtype, &pieces)
     };
-    Ok(Some(TensorData::from_bytes_vec(
-        whole,
-        shape.to_vec(),
-        dtype,
-    )))
+    Ok(Some(whole.into_data(shape.to_vec(), dtype)))
 }
 
 /// `f32`, `i64`, `bool`: the dtype as written in [`DTensorExt::describe`].

@@ -4,9 +4,64 @@
 
 use std::ops::Range;
 
-use burn::tensor::TensorData;
+use burn::tensor::{Bytes, DType, Shape, TensorData};
 
 use crate::error::{DTensorError, Result};
+
+/// A zeroed host buffer for elements of one dtype, allocated with that element's alignment, so
+/// that the bytes a collective receives into it become a [`TensorData`] (and, on host-memory
+/// backends such as NdArray, a tensor) without a copy: a `Vec<u8>` has alignment 1, and turning
+/// it into `f32` elements copies it (Burn's `Bytes::try_into_vec` requires the allocation's own
+/// alignment).
+pub struct HostBuffer(Words);
+
+enum Words {
+    B1(Vec<u8>),
+    B2(Vec<u16>),
+    B4(Vec<u32>),
+    B8(Vec<u64>),
+}
+
+impl HostBuffer {
+    /// `bytes` zero bytes aligned for `dtype` (`bytes` a multiple of its element size).
+    pub fn zeroed(bytes: usize, dtype: DType) -> Self {
+        let es = dtype.size().max(1);
+        HostBuffer(match es {
+            2 => Words::B2(vec![0; bytes / 2]),
+            4 => Words::B4(vec![0; bytes / 4]),
+            8 => Words::B8(vec![0; bytes / 8]),
+            _ => Words::B1(vec![0; bytes]),
+        })
+    }
+    /// The buffer's bytes, to receive into.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        match &mut self.0 {
+            Words::B1(v) => v,
+            Words::B2(v) => bytemuck::cast_slice_mut(v),
+            Words::B4(v) => bytemuck::cast_slice_mut(v),
+            Words::B8(v) => bytemuck::cast_slice_mut(v),
+        }
+    }
+    /// The buffer's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        match &self.0 {
+            Words::B1(v) => v,
+            Words::B2(v) => bytemuck::cast_slice(v),
+            Words::B4(v) => bytemuck::cast_slice(v),
+            Words::B8(v) => bytemuck::cast_slice(v),
+        }
+    }
+    /// The buffer as a tensor of `shape` and `dtype` (the buffer's bytes, moved).
+    pub fn into_data(self, shape: impl Into<Shape>, dtype: DType) -> TensorData {
+        let bytes = match self.0 {
+            Words::B1(v) => Bytes::from_elems(v),
+            Words::B2(v) => Bytes::from_elems(v),
+            Words::B4(v) => Bytes::from_elems(v),
+            Words::B8(v) => Bytes::from_elems(v),
+        };
+        TensorData::from_bytes(bytes, shape, dtype)
+    }
+}
 
 fn strides(shape: &[usize]) -> Vec<usize> {
     let mut s = vec![1; shape.len()];
@@ -179,31 +234,40 @@ pub fn assemble(
     {
         return Ok(pieces.into_iter().next().unwrap().1);
     }
-    let es = elem_size(&pieces[0].1)?;
+    elem_size(&pieces[0].1)?;
     let boxes: Vec<(&[Range<usize>], &[u8])> = pieces
         .iter()
         .map(|(r, d)| (r.as_slice(), d.as_bytes()))
         .collect();
-    Ok(TensorData::from_bytes_vec(
-        assemble_bytes(shape, es, &boxes),
-        shape.to_vec(),
-        dtype,
-    ))
+    Ok(assemble_bytes(shape, dtype, &boxes).into_data(shape.to_vec(), dtype))
 }
 
-/// The row-major bytes of a tensor of `shape` (elements of `elem` bytes) from the row-major
-/// bytes of boxes that tile it.
-pub fn assemble_bytes(
+/// Writes `src`, the row-major bytes of the box `ranges` (elements of `elem` bytes), into
+/// `out`, the row-major bytes of a tensor of `shape`.
+pub fn write_box(
     shape: &[usize],
     elem: usize,
+    ranges: &[Range<usize>],
+    src: &[u8],
+    out: &mut [u8],
+) {
+    for_each_run(shape, ranges, |dst_off, piece_off, n| {
+        out[dst_off * elem..(dst_off + n) * elem]
+            .copy_from_slice(&src[piece_off * elem..(piece_off + n) * elem]);
+    });
+}
+
+/// The row-major bytes of a tensor of `shape` and `dtype` from the row-major bytes of boxes
+/// that tile it, in a buffer aligned for `dtype` ([`HostBuffer::into_data`] without a copy).
+pub fn assemble_bytes(
+    shape: &[usize],
+    dtype: DType,
     pieces: &[(&[Range<usize>], &[u8])],
-) -> Vec<u8> {
-    let mut out = vec![0u8; shape.iter().product::<usize>() * elem];
+) -> HostBuffer {
+    let elem = dtype.size();
+    let mut out = HostBuffer::zeroed(shape.iter().product::<usize>() * elem, dtype);
     for (ranges, src) in pieces {
-        for_each_run(shape, ranges, |dst_off, piece_off, n| {
-            out[dst_off * elem..(dst_off + n) * elem]
-                .copy_from_slice(&src[piece_off * elem..(piece_off + n) * elem]);
-        });
+        write_box(shape, elem, ranges, src, out.as_bytes_mut());
     }
     out
 }

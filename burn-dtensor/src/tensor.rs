@@ -240,6 +240,24 @@ pub trait Kind<B: Backend>: 'static {
     fn cat(parts: Vec<Self::P>, dim: usize) -> Self::P;
     /// Slicing.
     fn slice(t: Self::P, slices: &[Slice]) -> Self::P;
+    /// The slice of `t` along `dim` (every other dim whole); `t` itself when `range` is the whole
+    /// dim.
+    fn narrow(t: Self::P, dim: usize, range: std::ops::Range<usize>) -> Self::P {
+        let shape = t.shape();
+        if range.start == 0 && range.end == shape[dim] {
+            return t;
+        }
+        let slices: Vec<Slice> = (0..shape.num_dims())
+            .map(|d| {
+                if d == dim {
+                    Slice::new(range.start as isize, Some(range.end as isize), 1)
+                } else {
+                    Slice::full()
+                }
+            })
+            .collect();
+        Self::slice(t, &slices)
+    }
     /// The device of a primitive.
     fn device(t: &Self::P) -> B::Device;
     /// Moves to a device.

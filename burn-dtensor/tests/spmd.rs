@@ -520,14 +520,16 @@ fn random_creation_across_processes() {
     done(name);
 }
 
-/// The ordered all-reduce of a 256 MiB partial sum across the processes (one mesh position
-/// each) runs in bounded memory: each process holds its shard, one chunk of every member's and
-/// the result, never all `k` shards (what gathering them took: `k` times the shard, twice). The
-/// bar is a peak growth over the resident input of at most 2.5 times the shard on 4 processes
-/// (3 times on 2); the values are the sum on every rank.
+/// The collectives across processes run in bounded memory (issue 20: about twice what they
+/// produce), on a 256 MiB tensor over the processes (one mesh position each): the ordered
+/// all-reduce of a partial sum (each process holds its shard, one round's slice of every
+/// member's chunk and the result, never all `k` shards: what gathering them took, `k` times
+/// the shard, twice) within 2 x the shard; the ordered reduce-scatter into row blocks and the
+/// all-to-all from row to column blocks within 2 x the block they produce. Peaks are growths of
+/// `VmHWM` over the resident input; the values are the sum on every rank.
 #[test]
-fn ordered_all_reduce_in_bounded_memory() {
-    let name = "ordered_all_reduce_in_bounded_memory";
+fn collectives_in_bounded_memory() {
+    let name = "collectives_in_bounded_memory";
     if launched(name, &[2, 4]) {
         return;
     }
@@ -556,10 +558,101 @@ fn ordered_all_reduce_in_bounded_memory() {
         "{} vs {want}",
         v[0]
     );
-    // Issue 20's bar on 4 processes: under 2.5 x the shard (measured 2.25 x); on 2, the chunk
-    // of each member is half the shard, so 3 x (measured 2.5 x).
-    let bar = if n >= 4 { shard * 5 / 2 } else { 3 * shard };
-    assert!(grew <= bar, "peak grew {grew} B for a {shard} B shard");
+    // Issue 20's bar: under 2.5 x the shard on 4 processes; this test holds it to 2 x
+    // (measured 1.47 x on 4 processes, 1.82 x on 2: the result, this process's reduced chunk
+    // and one round's buffers).
+    assert!(
+        grew <= 2 * shard,
+        "peak grew {grew} B for a {shard} B shard"
+    );
+    // The reduce-scatter of the same partial sum into row blocks: each process receives only
+    // its block from every member, in rounds of a slice of every block, and assembles the
+    // block it produces. The bar: twice that block (measured 1.24 x on 2 processes, 1.64 x on
+    // 4), where receiving every member's block at once took the input's size again.
+    let rows = Layout::new(&m, ["p", UNSHARDED]).unwrap();
+    let block = shard / n as u64;
+    let peak = |f: &mut dyn FnMut()| {
+        std::fs::write("/proc/self/clear_refs", "5").unwrap();
+        let rss = status_bytes("VmRSS:");
+        f();
+        status_bytes("VmHWM:").saturating_sub(rss)
+    };
+    let mine = Tensor::<N, 2>::full(shape, (w.rank() + 1) as f32 * 0.1, &Dev::default());
+    let x = burn_dtensor::from_local_shards(vec![mine], shape, &partial).unwrap();
+    let mut x = Some(x);
+    let mut r = None;
+    let grew = peak(&mut || r = Some(x.take().unwrap().relayout(&rows).unwrap()));
+    let r = r.unwrap();
+    println!(
+        "rank {}: ordered reduce-scatter of 256 MiB over {n} processes raised the peak by {} MiB ({:.2} x the block)",
+        w.rank(),
+        grew >> 20,
+        grew as f64 / block as f64
+    );
+    let local = r.clone().to_local_shards().remove(0);
+    assert_eq!(local.dims(), [4096 / n, 16384]);
+    let v: Vec<f32> = local.slice([0..1, 0..64]).into_data().to_vec().unwrap();
+    assert!(
+        v.iter().all(|x| (x - want).abs() < 1e-5),
+        "{} vs {want}",
+        v[0]
+    );
+    assert!(grew <= 2 * block + (16 << 20), "peak grew {grew} B");
+    // The all-to-all from row blocks to column blocks: each process sends only the parts that
+    // change process. The bar: twice the block it produces, its send buffer and the result
+    // (measured 2.00 x).
+    let cols = Layout::new(&m, [UNSHARDED, "p"]).unwrap();
+    let mut r = Some(r);
+    let mut c = None;
+    let grew = peak(&mut || c = Some(r.take().unwrap().relayout(&cols).unwrap()));
+    println!(
+        "rank {}: all-to-all of 256 MiB over {n} processes raised the peak by {} MiB ({:.2} x the block)",
+        w.rank(),
+        grew >> 20,
+        grew as f64 / block as f64
+    );
+    let local = c.unwrap().to_local_shards().remove(0);
+    assert_eq!(local.dims(), [4096, 16384 / n]);
+    let v: Vec<f32> = local
+        .slice([4095..4096, 0..64])
+        .into_data()
+        .to_vec()
+        .unwrap();
+    assert!(
+        v.iter().all(|x| (x - want).abs() < 1e-5),
+        "{} vs {want}",
+        v[0]
+    );
+    assert!(grew <= 2 * block + (16 << 20), "peak grew {grew} B");
+    // Rounds change no bit: an uneven partial sum of 23 MiB per process (3 rounds), with
+    // values whose sum depends on the order, reduced across the processes equals the same
+    // mesh in one process bitwise: all-reduce, reduce-scatter along either dim, and the
+    // all-gathers that read the scattered results.
+    let shape = [3001, 2003];
+    let vals = |r: usize| -> Tensor<N, 2> {
+        let v: Vec<f32> = (0..shape[0] * shape[1])
+            .map(|i| {
+                let h = (i as u64 * 2_654_435_761 + r as u64 * 40_503) % 100_003;
+                h as f32 / 7.0 * 10f32.powi((i % 9) as i32 - 4)
+            })
+            .collect();
+        Tensor::from_data(TensorData::new(v, shape), &Dev::default())
+    };
+    let one = Mesh::new([("p", n)], vec![Dev::default(); n]).unwrap();
+    let one_partial = Layout::replicated(&one, 2).with_partial(0, ReduceOp::Sum);
+    for spec in [[UNSHARDED, UNSHARDED], ["p", UNSHARDED], [UNSHARDED, "p"]] {
+        let want = burn_dtensor::from_local_shards((0..n).map(vals).collect(), shape, &one_partial)
+            .unwrap()
+            .relayout(&Layout::new(&one, spec).unwrap())
+            .unwrap()
+            .into_data();
+        let got = burn_dtensor::from_local_shards(vec![vals(w.rank())], shape, &partial)
+            .unwrap()
+            .relayout(&Layout::new(&m, spec).unwrap())
+            .unwrap()
+            .into_data();
+        assert_eq!(got, want, "{spec:?}: bitwise the one-process mesh");
+    }
     done(name);
 }
 

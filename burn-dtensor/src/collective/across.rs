@@ -10,10 +10,10 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, TensorData};
+use burn::tensor::{DType, Shape, TensorData, TensorMetadata};
 
 use crate::comm::CollectiveKind;
-use crate::host;
+use crate::host::{self, HostBuffer};
 use crate::layout::ReduceOp;
 use crate::mesh::MeshTopology;
 use crate::shard::chunk;
@@ -70,78 +70,191 @@ pub(crate) fn all_reduce<B: Backend, K: Kind<B>>(
     (K::from_data(out, &device), 2 * (p - 1) * n / p)
 }
 
+/// Bytes a process sends in one exchange of a chunked ordered reduction
+/// ([`reduce_own_block`]): a larger input goes in several exchanges (rounds), at most
+/// `4 x` the processes, so that besides the block it produces a process holds one round's send
+/// and receive buffers, not its whole input twice.
+const ROUND_BYTES: usize = 8 << 20;
+
+/// The ordered reduction behind [`all_reduce_ordered`] and [`reduce_scatter_ordered`]: process
+/// `q` receives from every member of the group (all `k`, in mesh coordinate order) the range
+/// `ranges(q)` of `dim` of its shard, and reduces those `k` blocks with `reduce`. `members` are
+/// this process's shards of the group (same shape, whole along `dim`), in coordinate order.
+///
+/// Inputs over [`ROUND_BYTES`] go in rounds: round `r` moves slice `r` of every block (each
+/// member's slice downloaded on its own) and reduces it; the reduced slices are concatenated
+/// along `dim` at the end. `reduce` is element-wise (its shape, chain or tree, is fixed by the
+/// caller from the whole shards), so every element is reduced as in one exchange: the rounds
+/// change the memory, never a bit of the result. Peak beside the input: one round's send buffer,
+/// its received blocks and their copies as tensors, and the block produced (twice while the
+/// slices are concatenated). Returns this process's reduced block (the members' shape with
+/// `ranges(me).len()` along `dim`) and the bytes it received.
+fn reduce_own_block<B: Backend, K: Kind<B>>(
+    mut members: Vec<K::P>,
+    pg: &Arc<dyn ProcessGroup>,
+    dim: usize,
+    ranges: &dyn Fn(usize) -> Range<usize>,
+    w: &str,
+    reduce: &dyn Fn(&[K::P]) -> K::P,
+) -> (K::P, u64) {
+    let device = K::device(&members[0]);
+    let shape = members[0].shape().to_vec();
+    let dtype = members[0].dtype();
+    let (es, l) = (dtype.size(), members.len());
+    let (p, me) = (pg.size(), pg.rank());
+    let input = l * shape.iter().product::<usize>() * es;
+    let rounds = input.div_ceil(ROUND_BYTES).clamp(1, 4 * p);
+    // Slice r of process q's range of `dim`, as a box of the members' shape.
+    let boxed = |q: usize, r: usize| -> Vec<Range<usize>> {
+        let b = ranges(q);
+        let c = chunk(b.len(), rounds, r);
+        (0..shape.len())
+            .map(|d| {
+                if d == dim {
+                    b.start + c.start..b.start + c.end
+                } else {
+                    0..shape[d]
+                }
+            })
+            .collect()
+    };
+    let numel = |b: &[Range<usize>]| b.iter().map(|r| r.len()).product::<usize>();
+    // One round: each member downloaded once, whole, and cut on the host.
+    let hosts: Vec<TensorData> = if rounds == 1 {
+        members.drain(..).map(K::into_host).collect()
+    } else {
+        Vec::new()
+    };
+    // This process's reduced block, assembled on the host slice by slice (aligned: it becomes
+    // the tensor without a copy). One round keeps the reduced tensor as it is.
+    let mine_box = |r: usize| {
+        let mut b = boxed(me, r);
+        b[dim] = b[dim].start - ranges(me).start..b[dim].end - ranges(me).start;
+        b
+    };
+    let mut out_shape = shape.clone();
+    out_shape[dim] = ranges(me).len();
+    let mut out =
+        (rounds > 1).then(|| HostBuffer::zeroed(out_shape.iter().product::<usize>() * es, dtype));
+    let mut whole = None;
+    let mut received = 0u64;
+    for r in 0..rounds {
+        // Process q's parts: slice r of its range of each member, member-major.
+        let mut send = Vec::new();
+        let mut send_counts = Vec::with_capacity(p);
+        for q in 0..p {
+            let at = send.len();
+            let part = boxed(q, r);
+            if rounds == 1 {
+                for d in &hosts {
+                    host::append_box(&shape, es, d.as_bytes(), &part, &mut send);
+                }
+            } else if numel(&part) > 0 {
+                for m in &members {
+                    let slice = K::narrow(m.clone(), dim, part[dim].clone());
+                    send.extend_from_slice(K::into_host(slice).as_bytes());
+                }
+            }
+            send_counts.push(send.len() - at);
+        }
+        let mine = boxed(me, r);
+        let c = numel(&mine);
+        let got = pg.all_to_all(&send, &send_counts, &vec![l * c * es; p], w);
+        drop(send);
+        received += ((p - 1) * l * c * es) as u64;
+        if c == 0 {
+            continue;
+        }
+        // Every member's slice, in coordinate order (process-major, then its members).
+        let mine_shape: Vec<usize> = mine.iter().map(|r| r.len()).collect();
+        let blocks: Vec<K::P> = got
+            .chunks(c * es)
+            .map(|b| {
+                let d = TensorData::from_bytes_vec(b.to_vec(), mine_shape.clone(), dtype);
+                K::from_data(d, &device)
+            })
+            .collect();
+        drop(got);
+        let piece = reduce(&blocks);
+        drop(blocks);
+        match &mut out {
+            Some(out) => {
+                let bytes = K::into_host(piece);
+                host::write_box(
+                    &out_shape,
+                    es,
+                    &mine_box(r),
+                    bytes.as_bytes(),
+                    out.as_bytes_mut(),
+                )
+            }
+            None => whole = Some(piece),
+        }
+    }
+    drop((hosts, members));
+    let out = match (out, whole) {
+        (_, Some(whole)) => whole,
+        (Some(out), None) => K::from_data(out.into_data(out_shape, dtype), &device),
+        (None, None) => K::from_data(
+            HostBuffer::zeroed(0, dtype).into_data(out_shape, dtype),
+            &device,
+        ),
+    };
+    (out, received)
+}
+
 /// The deterministic form of the across-process all-reduce, in bounded memory: the flattened
-/// shards are cut in one chunk per process; an all-to-all gives process `q` chunk `q` of every
-/// member's shard of the group (all `k` of them, in mesh coordinate order), it reduces them with
-/// `reduce` (the in-process reduction, element-wise), and an all-gather of the reduced chunks
-/// gives everyone the whole result: the traffic of a ring all-reduce (`2 (p-1)/p` of the buffer
-/// per process, where gathering every shard moved `k - 1` times it) and no process ever holds
-/// more than its own shards plus one chunk of each member's. Every element is still reduced in
-/// mesh coordinate order, the order of a single process holding the whole mesh, so results are
-/// bitwise those of that run and equal on every rank whatever the process count (see
-/// [`crate::spmd::Reduction`]). `members` are this process's shards of the group, in coordinate
-/// order. Returns the bytes this process received.
+/// shards are cut in one chunk per process; process `q` receives chunk `q` of every member's
+/// shard of the group (all `k` of them, in mesh coordinate order) and reduces them with
+/// `reduce` (the in-process reduction, element-wise; [`reduce_own_block`], in rounds for large
+/// shards), and an all-gather of the reduced chunks gives everyone the whole result: the
+/// traffic of a ring all-reduce (`2 (p-1)/p` of the buffer per process, where gathering every
+/// shard moved `k - 1` times it) and no process ever holds more than its own shards, one
+/// round's buffers and the result. Every element is still reduced in mesh coordinate order,
+/// the order of a single process holding the whole mesh, so results are bitwise those of that
+/// run and equal on every rank whatever the process count (see [`crate::spmd::Reduction`]).
+/// `members` are this process's shards of the group, in coordinate order. Returns the bytes
+/// this process received.
 pub(crate) fn all_reduce_ordered<B: Backend, K: Kind<B>>(
     members: Vec<K::P>,
     pg: &Arc<dyn ProcessGroup>,
     topo: &MeshTopology,
     axis: usize,
     global: &[usize],
-    reduce: impl FnOnce(&[K::P]) -> K::P,
+    reduce: impl Fn(&[K::P]) -> K::P,
 ) -> (K::P, u64) {
     let device = K::device(&members[0]);
-    let l = members.len();
-    let mut datas: Vec<TensorData> = members.into_iter().map(K::into_host).collect();
-    let (shape, dtype) = (datas[0].shape.clone(), datas[0].dtype);
+    let shape = members[0].shape();
+    let dtype = members[0].dtype();
     let es = dtype.size();
-    let m = datas[0].num_elements();
-    let (p, me) = (pg.size(), pg.rank());
+    let m = shape.num_elements();
+    let p = pg.size();
     let part = |q: usize| chunk(m, p, q);
-    // This process's parts for process q: chunk q of each of its members, member-major. With
-    // one member the chunks already lie in destination order: its buffer is sent as it is.
-    let send: Vec<u8> = if l == 1 {
-        datas.pop().expect("one member").into_bytes().to_vec()
-    } else {
-        let mut send = Vec::with_capacity(l * m * es);
-        for q in 0..p {
-            for d in &datas {
-                send.extend_from_slice(&d.as_bytes()[part(q).start * es..part(q).end * es]);
-            }
-        }
-        send
-    };
-    drop(datas);
-    let send_counts: Vec<usize> = (0..p).map(|q| l * part(q).len() * es).collect();
-    let c = part(me).len();
+    let flat: Vec<K::P> = members
+        .into_iter()
+        .map(|t| K::reshape(t, Shape::new([m])))
+        .collect();
     let w = what(CollectiveKind::AllReduce, topo, axis, global);
-    let got = pg.all_to_all(&send, &send_counts, &vec![l * c * es; p], &w);
-    drop(send);
-    // Every member's chunk `me`, in coordinate order (process-major, then its members).
-    let mine: Vec<u8> = if c == 0 {
-        Vec::new()
-    } else {
-        let chunks: Vec<K::P> = got
-            .chunks(c * es)
-            .map(|b| K::from_data(TensorData::from_bytes_vec(b.to_vec(), [c], dtype), &device))
-            .collect();
-        drop(got);
-        K::into_host(reduce(&chunks)).into_bytes().to_vec()
-    };
+    let (mine, got) = reduce_own_block::<B, K>(flat, pg, 0, &part, &w, &reduce);
+    let mine = K::into_host(mine).into_bytes().to_vec();
     let counts: Vec<usize> = (0..p).map(|q| part(q).len() * es).collect();
-    let all = pg.all_gather(&mine, &counts, &w);
-    let received = (p - 1) as u64 * (l * c * es) as u64 + (all.len() - mine.len()) as u64;
-    let out = K::from_data(TensorData::from_bytes_vec(all, shape, dtype), &device);
+    let mut all = HostBuffer::zeroed(m * es, dtype);
+    pg.all_gather_into(&mine, &counts, all.as_bytes_mut(), &w);
+    let received = got + (m * es - mine.len()) as u64;
+    drop(mine);
+    let out = K::from_data(all.into_data(shape.to_vec(), dtype), &device);
     (out, received)
 }
 
 /// The deterministic across-process reduce-scatter along `dim`, in bounded memory: process `q`
 /// receives from every member of the group (all `k`, in mesh coordinate order) only the block of
 /// `dim` that its own members keep ([`block`]), and reduces those `k` blocks with `reduce` (the
-/// in-process reduction, element-wise, in the shape the whole shards would be reduced in): the
-/// first half of [`all_reduce_ordered`], with the chunks cut where the result is scattered, and
-/// no all-gather after it. Every element is reduced in mesh coordinate order, so the result is
-/// bitwise that of one process holding the whole mesh; traffic `(p-1)/p` of the buffer per
-/// process, memory the shards, one send buffer and the `k` received blocks. `members` are this
+/// in-process reduction, element-wise, in the shape the whole shards would be reduced in;
+/// [`reduce_own_block`], in rounds for large shards): the first half of
+/// [`all_reduce_ordered`], with the chunks cut where the result is scattered, and no all-gather
+/// after it. Every element is reduced in mesh coordinate order, so the result is bitwise that
+/// of one process holding the whole mesh; traffic `(p-1)/p` of the buffer per process, memory
+/// the shards, one round's buffers and about twice the block produced. `members` are this
 /// process's shards of the group (whole along `dim`), in coordinate order. Returns this
 /// process's reduced block of `dim` and the bytes it received.
 pub(crate) fn reduce_scatter_ordered<B: Backend, K: Kind<B>>(
@@ -150,56 +263,12 @@ pub(crate) fn reduce_scatter_ordered<B: Backend, K: Kind<B>>(
     topo: &MeshTopology,
     (axis, dim): (usize, usize),
     global: &[usize],
-    reduce: impl FnOnce(&[K::P]) -> K::P,
+    reduce: impl Fn(&[K::P]) -> K::P,
 ) -> (K::P, u64) {
-    let device = K::device(&members[0]);
-    let l = members.len();
-    let datas: Vec<TensorData> = members.into_iter().map(K::into_host).collect();
-    let (shape, dtype) = (datas[0].shape.clone(), datas[0].dtype);
-    let es = dtype.size();
-    let (n, k) = (shape[dim], topo.axis_size(axis));
-    let (p, me) = (pg.size(), pg.rank());
-    let boxed = |q: usize| -> Vec<Range<usize>> {
-        (0..shape.len())
-            .map(|d| {
-                if d == dim {
-                    block(n, k, l, q)
-                } else {
-                    0..shape[d]
-                }
-            })
-            .collect()
-    };
-    let numel = |q: usize| boxed(q).iter().map(|r| r.len()).product::<usize>();
-    // Process q's parts: its block of each of this process's members, member-major.
-    let mut send = Vec::with_capacity(l * shape.iter().product::<usize>() * es);
-    for q in 0..p {
-        for d in &datas {
-            host::append_box(&shape, es, d.as_bytes(), &boxed(q), &mut send);
-        }
-    }
-    drop(datas);
-    let send_counts: Vec<usize> = (0..p).map(|q| l * numel(q) * es).collect();
-    let c = numel(me);
+    let (n, k, l) = (members[0].shape()[dim], topo.axis_size(axis), members.len());
     let w = what(CollectiveKind::ReduceScatter, topo, axis, global);
-    let got = pg.all_to_all(&send, &send_counts, &vec![l * c * es; p], &w);
-    drop(send);
-    let mine_shape: Vec<usize> = boxed(me).iter().map(|r| r.len()).collect();
-    let received = ((p - 1) * l * c * es) as u64;
-    if c == 0 {
-        let empty = TensorData::from_bytes_vec(Vec::new(), mine_shape, dtype);
-        return (K::from_data(empty, &device), received);
-    }
-    // Every member's block `me`, in coordinate order (process-major, then its members).
-    let blocks: Vec<K::P> = got
-        .chunks(c * es)
-        .map(|b| {
-            let d = TensorData::from_bytes_vec(b.to_vec(), mine_shape.clone(), dtype);
-            K::from_data(d, &device)
-        })
-        .collect();
-    drop(got);
-    (reduce(&blocks), received)
+    let ranges = |q: usize| block(n, k, l, q);
+    reduce_own_block::<B, K>(members, pg, dim, &ranges, &w, &reduce)
 }
 
 /// The across-process all-to-all along `axis`, moving only what each process keeps: `x` is this
@@ -248,27 +317,30 @@ pub(crate) fn all_to_all<B: Backend, K: Kind<B>>(
         .map(|b| b.iter().map(|r| r.len()).product::<usize>() * es)
         .collect();
     let w = what(CollectiveKind::AllToAll, topo, axis, global);
-    let got = pg.all_to_all(&send, &send_counts, &recv_counts, &w);
-    let received = (got.len() - recv_counts[me]) as u64;
+    let total: usize = recv_counts.iter().sum();
+    let mut got = HostBuffer::zeroed(total, dtype);
+    pg.all_to_all_into(&send, &send_counts, &recv_counts, got.as_bytes_mut(), &w);
+    let received = (total - recv_counts[me]) as u64;
     drop(send);
-    let mut at = 0;
-    let pieces: Vec<(&[Range<usize>], &[u8])> = boxes
-        .iter()
-        .zip(&recv_counts)
-        .map(|(b, &c)| {
-            at += c;
-            (b.as_slice(), &got[at - c..at])
-        })
-        .collect();
     // Blocks that lie end to end (of a leading dim) need no assembly.
     let out = if host::consecutive(&out_shape, &boxes) {
-        drop(pieces);
         got
     } else {
-        host::assemble_bytes(&out_shape, es, &pieces)
+        let mut at = 0;
+        let pieces: Vec<(&[Range<usize>], &[u8])> = boxes
+            .iter()
+            .zip(&recv_counts)
+            .map(|(b, &c)| {
+                at += c;
+                (b.as_slice(), &got.as_bytes()[at - c..at])
+            })
+            .collect();
+        host::assemble_bytes(&out_shape, dtype, &pieces)
     };
-    let out = TensorData::from_bytes_vec(out, out_shape, dtype);
-    (K::from_data(out, &device), received)
+    (
+        K::from_data(out.into_data(out_shape, dtype), &device),
+        received,
+    )
 }
 
 /// The range of a dim of global size `n` (split in `k` chunks over an axis) held by process
@@ -305,24 +377,36 @@ pub(crate) fn all_gather<B: Backend, K: Kind<B>>(
     let counts: Vec<usize> = blocks.iter().map(|b| b.len() * row).collect();
     let w = what(CollectiveKind::AllGather, topo, axis, global);
     let sent = nbytes(&data);
-    let all = pg.all_gather(data.as_bytes(), &counts, &w);
-    let mut at = 0;
-    let pieces = blocks
+    let total: usize = counts.iter().sum();
+    let mut all = HostBuffer::zeroed(total, dtype);
+    pg.all_gather_into(data.as_bytes(), &counts, all.as_bytes_mut(), &w);
+    drop(data);
+    let boxes: Vec<Vec<Range<usize>>> = blocks
         .iter()
-        .zip(&counts)
-        .map(|(b, &c)| {
-            let mut shape = full.clone();
-            shape[dim] = b.len();
-            let ranges: Vec<Range<usize>> = full
-                .iter()
+        .map(|b| {
+            full.iter()
                 .enumerate()
                 .map(|(d, &s)| if d == dim { b.clone() } else { 0..s })
-                .collect();
-            let piece = TensorData::from_bytes_vec(all[at..at + c].to_vec(), shape, dtype);
-            at += c;
-            (ranges, piece)
+                .collect()
         })
         .collect();
-    let out = host::assemble(&full, pieces).expect("assembling an all-gather across processes");
-    (K::from_data(out, &device), all.len() as u64 - sent)
+    // Blocks of a leading dim lie end to end: the received buffer is the result.
+    let out = if host::consecutive(&full, &boxes) {
+        all
+    } else {
+        let mut at = 0;
+        let pieces: Vec<(&[Range<usize>], &[u8])> = boxes
+            .iter()
+            .zip(&counts)
+            .map(|(b, &c)| {
+                at += c;
+                (b.as_slice(), &all.as_bytes()[at - c..at])
+            })
+            .collect();
+        host::assemble_bytes(&full, dtype, &pieces)
+    };
+    (
+        K::from_data(out.into_data(full, dtype), &device),
+        total as u64 - sent,
+    )
 }

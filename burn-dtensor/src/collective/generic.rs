@@ -6,8 +6,8 @@
 //! for each group's reduction, concatenation or all-reduce; across processes, the axis'
 //! [`crate::spmd::ProcessGroup`] ([`across`]).
 
+use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Slice, TensorMetadata};
 
 use super::across;
 use super::engine::LocalEngines;
@@ -21,31 +21,6 @@ use crate::tensor::Kind;
 
 fn nbytes<P: TensorMetadata>(p: &P) -> u64 {
     (p.shape().num_elements() * p.dtype().size()) as u64
-}
-
-fn dim_slice(rank: usize, dim: usize, range: std::ops::Range<usize>) -> Vec<Slice> {
-    (0..rank)
-        .map(|d| {
-            if d == dim {
-                Slice::new(range.start as isize, Some(range.end as isize), 1)
-            } else {
-                Slice::full()
-            }
-        })
-        .collect()
-}
-
-/// Slice of `t` along `dim` (cheap no-op when the range is the whole dim).
-pub(crate) fn narrow<B: Backend, K: Kind<B>>(
-    t: K::P,
-    dim: usize,
-    range: std::ops::Range<usize>,
-) -> K::P {
-    let shape = t.shape();
-    if range.start == 0 && range.end == shape[dim] {
-        return t;
-    }
-    K::slice(t, &dim_slice(shape.num_dims(), dim, range))
 }
 
 /// Gives every member of each group the value `f(group's shards)`, moved to its device.
@@ -155,7 +130,7 @@ fn ordered_chunks<'a, B: Backend, K: Kind<B>>(
     group: &[usize],
     op: ReduceOp,
     topo: &'a MeshTopology,
-) -> impl FnOnce(&[K::P]) -> K::P + 'a {
+) -> impl Fn(&[K::P]) -> K::P + 'a {
     let tree = as_tree::<B>(shards[group[0]].shape().num_elements());
     move |all| {
         let everyone: Vec<usize> = (0..all.len()).collect();
@@ -331,7 +306,7 @@ pub fn reduce_scatter<B: Backend, K: Kind<B>>(
         for &i in &group {
             let dev = K::device(&shards[i]);
             let r = chunk(n, k, topo.coord(topo.global(i), axis));
-            let part = narrow::<B, K>(acc.clone(), dim, r.start - base..r.end - base);
+            let part = K::narrow(acc.clone(), dim, r.start - base..r.end - base);
             shards[i] = K::to_device(part, &dev);
         }
     }
@@ -373,7 +348,7 @@ pub fn all_to_all<B: Backend, K: Kind<B>>(
                 let r = chunk(n_to, k, topo.coord(topo.global(i), axis));
                 let dev = K::device(&shards[i]);
                 shards[i] = K::to_device(
-                    narrow::<B, K>(mine.clone(), to_dim, r.start - base..r.end - base),
+                    K::narrow(mine.clone(), to_dim, r.start - base..r.end - base),
                     &dev,
                 );
             }
@@ -397,7 +372,7 @@ pub fn all_to_all<B: Backend, K: Kind<B>>(
             let parts = olds
                 .iter()
                 .map(|p| {
-                    let piece = narrow::<B, K>(p.clone(), to_dim, chunk(n_to, k, c));
+                    let piece = K::narrow(p.clone(), to_dim, chunk(n_to, k, c));
                     if K::device(&piece) == dev {
                         piece
                     } else {
@@ -455,7 +430,7 @@ pub fn local_chunk<B: Backend, K: Kind<B>>(
     let k = topo.axis_size(axis);
     for (i, s) in shards.iter_mut().enumerate() {
         let n = s.shape()[dim];
-        *s = narrow::<B, K>(
+        *s = K::narrow(
             s.clone(),
             dim,
             chunk(n, k, topo.coord(topo.global(i), axis)),

@@ -223,11 +223,18 @@ impl ProcessGroup for MpiGroup {
             ),
         }
     }
-    fn all_gather(&self, send: &[u8], counts: &[usize], what: &str) -> Vec<u8> {
+    fn all_gather_into(&self, send: &[u8], counts: &[usize], recv: &mut [u8], what: &str) {
         let _guard = LOCK.lock().unwrap();
         let total: usize = counts.iter().sum();
-        // Never a dangling pointer: an empty slice's is 0x1, which OpenMPI reads as MPI_IN_PLACE.
-        let mut recv = vec![0u8; total + 1];
+        assert_eq!(recv.len(), total, "burn-dtensor: all-gather receive buffer");
+        // Never a dangling pointer: an empty slice's is 0x1, which OpenMPI reads as MPI_IN_PLACE
+        // (an all-gather of nothing is the barrier of `spmd`).
+        let mut spare = [0u8; 1];
+        let recv = if recv.is_empty() {
+            &mut spare[..0]
+        } else {
+            recv
+        };
         let one = [0u8; 1];
         let send = if send.is_empty() { &one[..0] } else { send };
         let c: Vec<i32> = counts.iter().map(|&n| n as i32).collect();
@@ -236,7 +243,7 @@ impl ProcessGroup for MpiGroup {
             total <= i32::MAX as usize,
             "burn-dtensor: a cross-process all-gather of {total} bytes exceeds MPI's 2 GiB count"
         );
-        let mut part = PartitionMut::new(&mut recv[..total], c, d);
+        let mut part = PartitionMut::new(recv, c, d);
         scope(|s| {
             let req = self
                 .comm
@@ -244,8 +251,6 @@ impl ProcessGroup for MpiGroup {
                 .immediate_all_gather_varcount_into(s, send, &mut part);
             wait(req, what, &self.world_ranks);
         });
-        recv.truncate(total);
-        recv
     }
     fn abort(&self, code: i32) -> ! {
         // No lock: the thread that holds it may be this one (a timed-out wait), and an abort
@@ -257,22 +262,29 @@ impl ProcessGroup for MpiGroup {
         std::process::abort()
     }
     /// `MPI_Ialltoallv`, waited on against the collective timeout.
-    fn all_to_all(
+    fn all_to_all_into(
         &self,
         send: &[u8],
         send_counts: &[usize],
         recv_counts: &[usize],
+        recv: &mut [u8],
         what: &str,
-    ) -> Vec<u8> {
+    ) {
         let _guard = LOCK.lock().unwrap();
         let total: usize = recv_counts.iter().sum();
+        assert_eq!(recv.len(), total, "burn-dtensor: all-to-all receive buffer");
         assert!(
             total <= i32::MAX as usize && send.len() <= i32::MAX as usize,
             "burn-dtensor: a cross-process all-to-all of {} bytes exceeds MPI's 2 GiB count",
             total.max(send.len())
         );
-        // Never a dangling pointer (see `all_gather`): one spare byte on each side.
-        let mut recv = vec![0u8; total + 1];
+        // Never a dangling pointer (see `all_gather_into`): one spare byte where a side is empty.
+        let mut spare = [0u8; 1];
+        let recv = if recv.is_empty() {
+            &mut spare[..0]
+        } else {
+            recv
+        };
         let mut sbuf = Vec::new();
         let send = if send.is_empty() {
             sbuf.push(0u8);
@@ -283,7 +295,7 @@ impl ProcessGroup for MpiGroup {
         let sc: Vec<i32> = send_counts.iter().map(|&n| n as i32).collect();
         let rc: Vec<i32> = recv_counts.iter().map(|&n| n as i32).collect();
         let part = Partition::new(send, sc, displacements(send_counts));
-        let mut rpart = PartitionMut::new(&mut recv[..], rc, displacements(recv_counts));
+        let mut rpart = PartitionMut::new(recv, rc, displacements(recv_counts));
         scope(|s| {
             let req = self
                 .comm
@@ -291,8 +303,6 @@ impl ProcessGroup for MpiGroup {
                 .immediate_all_to_all_varcount_into(s, &part, &mut rpart);
             wait(req, what, &self.world_ranks);
         });
-        recv.truncate(total);
-        recv
     }
     fn broadcast(&self, buf: &mut [u8], root: usize, what: &str) {
         if buf.is_empty() {

@@ -217,12 +217,12 @@ impl ProcessGroup for NcclGroup {
             )
         });
     }
-    fn all_gather(&self, send: &[u8], counts: &[usize], what: &str) -> Vec<u8> {
+    fn all_gather_into(&self, send: &[u8], counts: &[usize], recv: &mut [u8], what: &str) {
         let _guard = self.lock.lock().unwrap();
         let n = self.size();
         let max = counts.iter().copied().max().unwrap_or(0);
         if max == 0 {
-            return Vec::new();
+            return;
         }
         // Even parts of `max` bytes (NCCL's all-gather), then the padding dropped.
         let mut padded = send.to_vec();
@@ -259,11 +259,11 @@ impl ProcessGroup for NcclGroup {
             .clone_dtoh(&dst)
             .unwrap_or_else(|e| panic!("burn-dtensor: NCCL {what}: download: {e:?}"));
         self.wait(what);
-        let mut out = Vec::with_capacity(counts.iter().sum());
+        let mut at = 0;
         for (r, &c) in counts.iter().enumerate() {
-            out.extend_from_slice(&all[r * max..r * max + c]);
+            recv[at..at + c].copy_from_slice(&all[r * max..r * max + c]);
+            at += c;
         }
-        out
     }
     fn abort(&self, code: i32) -> ! {
         self.bootstrap.abort(code)

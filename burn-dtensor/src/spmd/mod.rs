@@ -74,24 +74,34 @@ pub trait ProcessGroup: Send + Sync {
     /// In place, the element-wise `op`-reduction of every member's `buf` (elements of `dtype`;
     /// bool is one byte per element, reduced as or/and).
     fn all_reduce(&self, buf: &mut [u8], dtype: DType, op: ReduceOp, what: &str);
-    /// The concatenation, in rank order, of every member's `send`; member `r` sends `counts[r]`
-    /// bytes (uneven and empty parts allowed).
-    fn all_gather(&self, send: &[u8], counts: &[usize], what: &str) -> Vec<u8>;
+    /// The concatenation, in rank order, of every member's `send`, written into `recv` (of
+    /// `counts.iter().sum()` bytes); member `r` sends `counts[r]` bytes (uneven and empty parts
+    /// allowed). The caller allocates `recv`, so that it can be aligned for the elements it
+    /// receives ([`crate::host::HostBuffer`]) and become a tensor without a copy.
+    fn all_gather_into(&self, send: &[u8], counts: &[usize], recv: &mut [u8], what: &str);
+    /// [`ProcessGroup::all_gather_into`] into a new byte buffer.
+    fn all_gather(&self, send: &[u8], counts: &[usize], what: &str) -> Vec<u8> {
+        let mut recv = vec![0u8; counts.iter().sum()];
+        self.all_gather_into(send, counts, &mut recv, what);
+        recv
+    }
     /// The personalised exchange: member `r` receives, from every member `q` in rank order,
     /// the part of `q`'s `send` addressed to `r`. `send` holds this member's parts for members
     /// `0..size` back to back, `send_counts[r]` bytes for member `r`; `recv_counts[q]` is what
-    /// `q` sends here (uneven and empty parts allowed). Returns the received parts back to back.
+    /// `q` sends here (uneven and empty parts allowed). The received parts are written back to
+    /// back into `recv` (of `recv_counts.iter().sum()` bytes, allocated by the caller).
     ///
     /// The default moves every member's whole `send` to everyone (an all-gather of the counts,
     /// then of the buffers): correct, `size` times the bytes; engines with a native all-to-all
     /// (MPI's `MPI_Alltoallv`) override it.
-    fn all_to_all(
+    fn all_to_all_into(
         &self,
         send: &[u8],
         send_counts: &[usize],
         recv_counts: &[usize],
+        recv: &mut [u8],
         what: &str,
-    ) -> Vec<u8> {
+    ) {
         let n = self.size();
         let mine: Vec<u8> = send_counts
             .iter()
@@ -104,14 +114,27 @@ pub trait ProcessGroup: Send + Sync {
         };
         let totals: Vec<usize> = (0..n).map(|q| (0..n).map(|r| count(q, r)).sum()).collect();
         let all = self.all_gather(send, &totals, what);
-        let (me, mut out, mut base) = (self.rank(), Vec::new(), 0);
+        let (me, mut at, mut base) = (self.rank(), 0, 0);
         for q in 0..n {
             let off: usize = (0..me).map(|r| count(q, r)).sum();
-            debug_assert_eq!(count(q, me), recv_counts[q]);
-            out.extend_from_slice(&all[base + off..base + off + count(q, me)]);
+            let c = count(q, me);
+            debug_assert_eq!(c, recv_counts[q]);
+            recv[at..at + c].copy_from_slice(&all[base + off..base + off + c]);
+            at += c;
             base += totals[q];
         }
-        out
+    }
+    /// [`ProcessGroup::all_to_all_into`] into a new byte buffer.
+    fn all_to_all(
+        &self,
+        send: &[u8],
+        send_counts: &[usize],
+        recv_counts: &[usize],
+        what: &str,
+    ) -> Vec<u8> {
+        let mut recv = vec![0u8; recv_counts.iter().sum()];
+        self.all_to_all_into(send, send_counts, recv_counts, &mut recv, what);
+        recv
     }
     /// Gives every member the `buf` of member `root` (all pass buffers of the same length).
     fn broadcast(&self, buf: &mut [u8], root: usize, what: &str);
