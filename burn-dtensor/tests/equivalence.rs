@@ -1014,13 +1014,21 @@ fn index_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ls: &LSpec, li: &L
         o().narrow(dim, start, len),
     );
 
-    // select: random indices (repeats allowed).
+    // select: random indices (repeats allowed), replicated or sharded over an axis (an
+    // embedding lookup of batch-sharded ids).
     let k = 1 + r.below(6);
     let idx = TensorData::new((0..k).map(|_| r.below(n) as i64).collect::<Vec<i64>>(), [k]);
-    let di = Tensor::<DB, 1, Int>::from_data(idx.clone(), &mdev(m));
+    let lidx = build(
+        m,
+        1,
+        &LSpec {
+            dims: vec![li.dims[0]],
+            partial: None,
+        },
+    );
     check(
-        "select",
-        x().select(dim, di),
+        &format!("select, indices {lidx}"),
+        x().select(dim, dist_int::<1>(&idx, &lidx)),
         o().select(dim, orc_int::<1>(&idx)),
     );
 
@@ -1071,10 +1079,10 @@ fn index_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ls: &LSpec, li: &L
     selshape[dim] = k;
     let dsel = data(&selshape, seed ^ 0x9);
     check(
-        "select_assign add",
+        &format!("select_assign add, indices {lidx}"),
         x().select_assign(
             dim,
-            Tensor::<DB, 1, Int>::from_data(idx.clone(), &mdev(m)),
+            dist_int::<1>(&idx, &lidx),
             dist::<D>(&dsel, &lv),
             IndexingUpdateOp::Add,
         ),

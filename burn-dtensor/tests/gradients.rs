@@ -534,3 +534,63 @@ fn spatial_parallel_step_comms() {
         assert_one_all_reduce_per_gradient(&update);
     }
 }
+
+/// An embedding lookup (Burn's `Embedding`: `weights.select(0, ids)`) with batch-sharded ids,
+/// as in data-parallel training of a transformer: the lookup selects each device's own rows
+/// (no all-gather of the ids or of the rows) and the backward's `select_add` leaves the weight's
+/// gradient as a pending sum over `batch`, so forward and backward communicate nothing and
+/// settling the gradient is one all-reduce of `[vocab, d]`, as for every other parameter.
+/// Values against `Autodiff<NdArray>` on the whole tensors, repeated ids included.
+#[test]
+fn data_parallel_embedding_lookup_comms() {
+    use burn::nn::Embedding;
+    let mesh = Mesh::virtual_devices([("batch", 4)], Dev::default()).unwrap();
+    let dev = DistributedDevice::new(mesh.clone());
+    let (vocab, d, batch, seq) = (10, 6, 8, 5);
+    let w: Vec<f32> = (0..vocab * d).map(|i| (i as f32 * 0.37).sin()).collect();
+    let w = TensorData::new(w, [vocab, d]);
+    let ids: Vec<i64> = (0..batch * seq).map(|i| ((i * 7) % vocab) as i64).collect();
+    let ids = TensorData::new(ids, [batch, seq]);
+    let y: Vec<f32> = (0..batch * seq * d)
+        .map(|i| (i as f32 * 0.11).cos())
+        .collect();
+    let y = TensorData::new(y, [batch, seq, d]);
+
+    let reference = Embedding::<Ref> {
+        weight: Param::from_tensor(Tensor::from_data(w.clone(), &Dev::default())),
+    };
+    let out = reference.forward(Tensor::from_data(ids.clone(), &Dev::default()));
+    let grads = (out.clone() * Tensor::from_data(y.clone(), &Dev::default()))
+        .sum()
+        .backward();
+    let want_grad = reference.weight.grad(&grads).unwrap().into_data();
+    let want_out = out.into_data();
+
+    let emb = Embedding::<Dist> {
+        weight: Param::from_tensor(Tensor::from_data(w, &dev)),
+    };
+    let batched = |rank| Layout::batch_sharded(&mesh, "batch", rank).unwrap();
+    let dids: Tensor<Dist, 2, Int> = distribute(ids, &batched(2)).unwrap();
+    let dy: Tensor<Dist, 3> = distribute(y, &batched(3)).unwrap();
+    let (got, comms) = record_comms(|| {
+        let out = emb.forward(dids);
+        assert_eq!(
+            out.layout(),
+            batched(3),
+            "the lookup keeps the batch sharded"
+        );
+        let grads = (out.clone() * dy).sum().backward();
+        (out, emb.weight.grad(&grads).unwrap())
+    });
+    assert!(comms.events.is_empty(), "forward + backward: {comms}");
+    let (out, grad) = got;
+    out.into_data().assert_approx_eq::<f32>(&want_out, tol());
+    assert!(grad.layout().is_partial(), "{}", grad.layout());
+    let (grad, settle) = record_comms(|| grad.relayout(&Layout::replicated(&mesh, 2)).unwrap());
+    grad.into_data().assert_approx_eq::<f32>(&want_grad, tol());
+    assert_eq!(
+        counts(&settle),
+        expect(&[(CollectiveKind::AllReduce, "batch", 1)]),
+        "{settle}"
+    );
+}

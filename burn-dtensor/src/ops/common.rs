@@ -539,7 +539,7 @@ pub fn scatter_nd<B: Backend, K: Kind<B>, KI: Kind<B>>(
     run3::<B, K, KI, K, K>(t, idx, value, &s, shape, false, |_, x, i, v| f(x, i, v))
 }
 
-/// `select(t, dim, indices)`: `dim` whole, indices replicated.
+/// `select(t, dim, indices)`: [`index::select`] (the indices' sharding carried to `dim`).
 pub fn select<B: Backend, K: Kind<B>, KI: Kind<B>>(
     t: DTensor<K::P>,
     dim: usize,
@@ -550,33 +550,27 @@ pub fn select<B: Backend, K: Kind<B>, KI: Kind<B>>(
     if is_solo(&t) {
         return solo_map(t, |x| f(x, dim, only(idx)));
     }
-    let r = rules::unsharded_on(&t.layout, &[dim]);
-    let s = Strategy {
-        inputs: vec![r.clone(), Layout::replicated_on(&r.mesh, 1)],
-        output: r,
-    };
+    let s = index::select(&t.layout, &idx.layout, dim);
     let mut shape = t.shape.clone();
     shape[dim] = idx.shape[0];
     run2::<B, K, KI, K>(t, idx, &s, shape, false, |_, x, i| f(x, dim, i))
 }
 
-/// `select_add(t, dim, indices, value)`: `dim` whole, indices replicated, value aligned with `t`.
+/// `select_add(t, dim, indices, value)` (bool: `select_or`): [`index::select_add`]; `sum`: the
+/// kind has a pending sum (float, int; not bool, whose `or` is not one).
 pub fn select_assign<B: Backend, K: Kind<B>, KI: Kind<B>>(
     t: DTensor<K::P>,
     dim: usize,
     idx: DTensor<KI::P>,
     value: DTensor<K::P>,
+    sum: bool,
     f: impl Fn(K::P, usize, KI::P, K::P) -> K::P + Sync,
 ) -> DTensor<K::P> {
     same_mesh(&t.layout, &idx.layout);
     if is_solo(&t) {
         return solo_map(t, |x| f(x, dim, only(idx), only(value)));
     }
-    let r = rules::unsharded_on(&t.layout, &[dim]);
-    let s = Strategy {
-        inputs: vec![r.clone(), Layout::replicated_on(&r.mesh, 1), r.clone()],
-        output: r,
-    };
+    let s = index::select_add(&t.layout, &idx.layout, dim, sum);
     let shape = t.shape.clone();
     run3::<B, K, KI, K, K>(t, idx, value, &s, shape, false, |_, x, i, v| {
         f(x, dim, i, v)

@@ -38,6 +38,65 @@ pub fn slice_assign(l: &Layout, shape: &[usize], slices: &[Slice]) -> Strategy {
     }
 }
 
+/// `select(t, dim, indices)` (output: `t`'s shape with `indices.len()` along `dim`): `t`'s
+/// `dim` whole, every other dim of `t` kept; the indices keep their sharding, which becomes the
+/// output's `dim` (each device selects the rows of its own indices, as [`gather_nd`]'s batch
+/// dims). That is what keeps an embedding lookup (`weights.select(0, ids)`) data-parallel: the
+/// batch-sharded ids select batch-sharded rows, with no all-gather of the ids. The indices are
+/// gathered over an axis that `t` already uses (to shard another dim or as a pending
+/// reduction). `t`'s pending reductions survive (selecting rows commutes with the element-wise
+/// reduction).
+pub fn select(t: &Layout, indices: &Layout, dim: usize) -> Strategy {
+    let mut tl = t.clone();
+    tl.dims[dim] = None;
+    let mut il = indices.without_partial();
+    if let Some(a) = il.dims[0]
+        && (tl.axis_dim(a).is_some() || tl.partial(a).is_some())
+    {
+        il.dims[0] = None;
+    }
+    let out = tl.clone().with_dim(dim, il.dims[0]);
+    Strategy {
+        inputs: vec![tl, il],
+        output: out,
+    }
+}
+
+/// `select_add(t, dim, indices, values)` (`t` with the rows of `values` added at `indices`
+/// along `dim`; bool: or-ed): the backward of [`select`]. With the indices sharded over an axis
+/// that `t` leaves free, each device adds only its own indices' rows: `t` becomes a pending sum
+/// over that axis (its value on the axis' first member, zeros elsewhere), `values` is sharded
+/// like the indices along `dim` and like `t` elsewhere, and the output is that pending sum (so
+/// an embedding's gradient in data-parallel training is one reduction, as every other
+/// parameter's, and no device gathers the batch's gradient rows). Otherwise the indices and
+/// `values`' `dim` are replicated and every device adds every row to its shard of `t` (`dim`
+/// whole): so for a kind without a pending sum (`sum` false: bool's `select_or`), and where `t`
+/// already waits for another reduction over that axis.
+pub fn select_add(t: &Layout, indices: &Layout, dim: usize, sum: bool) -> Strategy {
+    let tl = unsharded_on(t, &[dim]);
+    let il = indices.without_partial();
+    match il.dims[0] {
+        Some(a)
+            if sum
+                && tl.axis_dim(a).is_none()
+                && tl
+                    .partial(a)
+                    .is_none_or(|op| op == crate::layout::ReduceOp::Sum) =>
+        {
+            let values = tl.clone().with_dim(dim, Some(a));
+            let out = tl.with_partial(a, crate::layout::ReduceOp::Sum);
+            Strategy {
+                inputs: vec![out.clone(), il, values],
+                output: out,
+            }
+        }
+        _ => Strategy {
+            inputs: vec![tl.clone(), Layout::replicated_on(&tl.mesh, 1), tl.clone()],
+            output: tl,
+        },
+    }
+}
+
 /// Ops along `dim` whose operands all share one shape off `dim` (gather, scatter, cat): every
 /// operand and the output take one layout with `dim` whole, each other dim sharded like the
 /// first operand that shards it (in argument order, without reusing an axis). Taking the
