@@ -3,7 +3,8 @@
 //! ([`data`]: aclImdb loader, Keras-compatible TF-IDF), batching ([`batch`]), the model
 //! ([`model`]), the training driver ([`train`]) and the same training with burn-train's Learner
 //! ([`learner`]). The binaries are `examples/imdb_mlp.rs`, `examples/imdb_learner.rs` and
-//! `examples/imdb_predict.rs`.
+//! `examples/imdb_predict.rs`. Beyond the tutorial: the Keras transformer text classifier
+//! ([`transformer`], on [`data::sequence`]'s token ids).
 
 #![warn(missing_docs)]
 
@@ -18,3 +19,4 @@ pub mod learner_cli;
 pub mod model;
 pub mod plot;
 pub mod train;
+pub mod transformer;

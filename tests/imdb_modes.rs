@@ -3,6 +3,9 @@
 //! inputs give typed errors.
 
 mod common;
+// The transformer classifier by layout map alone (issue 21), on synthetic tokens.
+#[path = "imdb_modes/transformer.rs"]
+mod transformer;
 use std::sync::OnceLock;
 
 use burn::backend::NdArray;

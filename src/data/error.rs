@@ -175,6 +175,24 @@ pub enum DataError {
         max_tokens: usize,
     },
 
+    /// `max_tokens` of an integer-sequence vectorizer below 3 (index 0 is the padding, 1 the
+    /// OOV bucket, and the vocabulary needs at least one term).
+    #[error(
+        "max_tokens must be at least 3 for integer sequences (index 0 is padding, 1 the OOV \
+         bucket), got {max_tokens}; fix: use e.g. 20000 as in Keras' transformer example"
+    )]
+    InvalidSequenceTokens {
+        /// The rejected value.
+        max_tokens: usize,
+    },
+
+    /// `output_sequence_length` of an integer-sequence vectorizer is 0.
+    #[error(
+        "the output sequence length must be at least 1, got 0; fix: use e.g. 200 as in Keras' \
+         transformer example (`--seq-len`)"
+    )]
+    InvalidSequenceLength,
+
     /// `fit` was called with zero documents.
     #[error("cannot fit a TF-IDF vectorizer on zero documents; fix: pass the training texts")]
     EmptyCorpus,

@@ -37,8 +37,6 @@
 //!    the OOV weight). No normalisation.
 
 use std::collections::HashMap;
-use std::fs::File;
-use std::io::{BufReader, BufWriter, Write};
 use std::path::Path;
 
 use rayon::prelude::*;
@@ -92,7 +90,7 @@ pub fn standardize(text: &str) -> String {
 }
 
 /// Splits an already standardized text into its non-empty tokens.
-fn split_tokens(standardized: &str) -> impl Iterator<Item = &str> {
+pub(crate) fn split_tokens(standardized: &str) -> impl Iterator<Item = &str> {
     standardized.split(is_split_space).filter(|t| !t.is_empty())
 }
 
@@ -106,7 +104,34 @@ pub fn tokenize(text: &str) -> Vec<String> {
 }
 
 /// Per-term statistics while fitting: (total occurrences, documents containing the term).
-type Counts = HashMap<String, (u64, u64)>;
+pub(crate) type Counts = HashMap<String, (u64, u64)>;
+
+/// The [`Counts`] of `texts` (one document each), counted in parallel (rayon); the result does
+/// not depend on the number of threads.
+pub(crate) fn count_terms<S: AsRef<str> + Sync>(texts: &[S]) -> Counts {
+    texts
+        .par_iter()
+        .fold(Counts::new, |mut counts, text| {
+            add_document(&mut counts, text.as_ref());
+            counts
+        })
+        .reduce(Counts::new, merge_counts)
+}
+
+/// The `keep` most frequent terms as `(term, total count, document frequency)`, in Keras'
+/// vocabulary order (`IndexLookup.finalize_state`): total count descending, ties broken by the
+/// term's bytes in descending order.
+pub(crate) fn ranked_terms(counts: Counts, keep: usize) -> Vec<(String, u64, u64)> {
+    let mut terms: Vec<(String, u64, u64)> =
+        counts.into_iter().map(|(t, (c, df))| (t, c, df)).collect();
+    // Total count descending, then the term's bytes descending (terms are unique).
+    terms.sort_unstable_by(|a, b| {
+        b.1.cmp(&a.1)
+            .then_with(|| b.0.as_bytes().cmp(a.0.as_bytes()))
+    });
+    terms.truncate(keep);
+    terms
+}
 
 /// Adds one document's tokens to `counts`: total occurrences, and one to the document
 /// frequency of each distinct term.
@@ -284,14 +309,7 @@ impl TfIdfVectorizer {
         if texts.is_empty() {
             return Err(DataError::EmptyCorpus);
         }
-        let counts = texts
-            .par_iter()
-            .fold(Counts::new, |mut counts, text| {
-                add_document(&mut counts, text.as_ref());
-                counts
-            })
-            .reduce(Counts::new, merge_counts);
-        Self::from_counts(counts, texts.len() as u64, max_tokens)
+        Self::from_counts(count_terms(texts), texts.len() as u64, max_tokens)
     }
 
     /// [`fit`](Self::fit) for any iterator of documents, sequentially.
@@ -326,14 +344,7 @@ impl TfIdfVectorizer {
                 documents: num_documents as usize,
             });
         }
-        let mut terms: Vec<(String, u64, u64)> =
-            counts.into_iter().map(|(t, (c, df))| (t, c, df)).collect();
-        // Total count descending, then the term's bytes descending (terms are unique).
-        terms.sort_unstable_by(|a, b| {
-            b.1.cmp(&a.1)
-                .then_with(|| b.0.as_bytes().cmp(a.0.as_bytes()))
-        });
-        terms.truncate(max_tokens - 1);
+        let terms = ranked_terms(counts, max_tokens - 1);
 
         let n = num_documents as f64;
         let mut vocabulary = Vec::with_capacity(terms.len() + 1);
@@ -431,15 +442,7 @@ impl TfIdfVectorizer {
     /// # Errors
     /// [`DataError::Io`] or [`DataError::Json`].
     pub fn save(&self, path: &Path) -> Result<(), DataError> {
-        let file = File::create(path).map_err(|e| DataError::io(path, e))?;
-        let mut out = BufWriter::new(file);
-        serde_json::to_writer(&mut out, self).map_err(|source| DataError::Json {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        out.write_all(b"\n")
-            .and_then(|()| out.flush())
-            .map_err(|e| DataError::io(path, e))
+        super::json::save(self, path)
     }
 
     /// Reads a vectorizer written by [`save`](Self::save), validating it.
@@ -447,11 +450,7 @@ impl TfIdfVectorizer {
     /// # Errors
     /// [`DataError::Io`], or [`DataError::Json`] for malformed or inconsistent content.
     pub fn load(path: &Path) -> Result<Self, DataError> {
-        let file = File::open(path).map_err(|e| DataError::io(path, e))?;
-        serde_json::from_reader(BufReader::new(file)).map_err(|source| DataError::Json {
-            path: path.to_path_buf(),
-            source,
-        })
+        super::json::load(path)
     }
 }
 
