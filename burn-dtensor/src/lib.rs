@@ -42,14 +42,16 @@
 //! (sharding spec and pending reductions), [`DistributedDevice`] and [`DistributedBackend`],
 //! [`DTensorExt`] (a tensor's layout, relayout, local shards), [`distribute`] and
 //! [`from_local_shards`], [`LayoutMap`] (regex rules over module parameter paths),
-//! [`CommDebugMode`] / [`record_comms`] (communication accounting), [`visualize_sharding`] and
+//! [`settle_gradients`] (each gradient in its parameter's layout before the optimizer step, as
+//! FSDP's reduce-scatter and DDP's all-reduce), [`CommDebugMode`] / [`record_comms`]
+//! (communication accounting), [`visualize_sharding`] and
 //! the typed [`DTensorError`].
 //!
 //! The tree follows the same concepts: `mesh.rs`, `layout.rs`, `shard.rs` (global <-> local
 //! geometry), `device.rs`, `tensor.rs` (the primitive), `backend.rs` and `ops/` (Burn's op
 //! traits, thin), `rules/` (sharding rules, one op family per file), `redistribute/` (plans and
 //! execution), `collective/`, `stack.rs` (stacked execution on virtual meshes), `autodiff.rs`
-//! (differentiable relayout), `layout_map.rs`, `comm.rs` (communication accounting),
+//! (differentiable relayout), `grads.rs` (gradients settled for the optimizer), `layout_map.rs`, `comm.rs` (communication accounting),
 //! `visualize.rs` and `error.rs`.
 
 #![warn(missing_docs)]
@@ -63,6 +65,7 @@ mod comm;
 mod creation;
 mod device;
 mod error;
+mod grads;
 mod host;
 mod inner;
 pub mod launch;
@@ -88,6 +91,7 @@ pub use comm::{CollectiveKind, CommDebugMode, CommEvent, CommLog, record_comms};
 pub use creation::with_creation_layout;
 pub use device::DistributedDevice;
 pub use error::{DTensorError, Result};
+pub use grads::settle_gradients;
 pub use layout::{DimSpec, Layout, ReduceOp, UNSHARDED};
 pub use layout_map::{LayoutMap, LayoutReport, LayoutRule};
 pub use mesh::{Mesh, MeshTopology};

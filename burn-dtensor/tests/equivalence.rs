@@ -599,6 +599,55 @@ fn matmul_every_layout_pair() {
     }
 }
 
+/// The embedding lookup and its backward (the table only gives the shape) under every pair of
+/// table and ids layouts (vocabulary-parallel tables included), with an output gradient in a
+/// replicated, a partial and (rotating through them all) every sharded layout: on a 2x2x2 mesh
+/// with uneven sizes, and on a 2x4 mesh with a vocabulary of 3 (a device without rows).
+#[test]
+fn embedding_every_layout_pair() {
+    use burn::tensor::TensorPrimitive;
+    use burn::tensor::module::embedding;
+    use burn::tensor::ops::ModuleOps;
+    for (mi, vocab) in [(7, 7), (5, 3)] {
+        let m = mesh(mi);
+        let (l2, l3) = (all_layouts(&m, 2), all_layouts(&m, 3));
+        let dw = data(&[vocab, 5], 3);
+        let (dids, dg) = (int_data(&[3, 5], 4, vocab), data(&[3, 5, 5], 5));
+        let want = embedding(orc::<2>(&dw), orc_int::<2>(&dids));
+        let want_grad =
+            Tensor::<N, 2>::from_primitive(TensorPrimitive::Float(N::embedding_backward(
+                orc::<2>(&dw).into_primitive().tensor(),
+                orc::<3>(&dg).into_primitive().tensor(),
+                orc_int::<2>(&dids).into_primitive(),
+            )));
+        let partial = Layout::replicated(&m, 3).with_partial(1, ReduceOp::Sum);
+        let mut k = 0;
+        for lw in &l2 {
+            for li in &l2 {
+                let got = embedding(dist::<2>(&dw, lw), dist_int::<2>(&dids, li));
+                check(&format!("embedding {lw}, ids {li}"), got, want.clone());
+                for lg in [
+                    Layout::replicated(&m, 3),
+                    partial.clone(),
+                    l3[k % l3.len()].clone(),
+                ] {
+                    k += 1;
+                    let got = DB::embedding_backward(
+                        dist::<2>(&dw, lw).into_primitive().tensor(),
+                        dist::<3>(&dg, &lg).into_primitive().tensor(),
+                        dist_int::<2>(&dids, li).into_primitive(),
+                    );
+                    check(
+                        &format!("embedding_backward {lw}, grad {lg}, ids {li}"),
+                        Tensor::<DB, 2>::from_primitive(TensorPrimitive::Float(got)),
+                        want_grad.clone(),
+                    );
+                }
+            }
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(config())]
 

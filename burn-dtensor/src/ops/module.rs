@@ -1,21 +1,23 @@
-//! `ModuleOps` for the decorator. `linear`, `conv1d`, `embedding`, `layer_norm` and the 1-D
+//! `ModuleOps` for the decorator. `embedding` and its backward have their own rule (the ids'
+//! sharding carried to the output). `linear`, `conv1d`, `layer_norm` and the 1-D
 //! pools are Burn's defaults built on the float primitives (so they inherit the efficient
 //! rules); the ops below are required by Burn and run batch-parallel (input sharded on dim 0,
 //! weights replicated) or, for the rare ones, through the gather fallback.
 
-use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{
     AttentionModuleOptions, BoolTensor, ConvOptions, ConvTransposeOptions, DeformConv2dBackward,
     DeformConvOptions, FloatTensor, IntTensor, InterpolateOptions, MaxPool2dBackward,
     MaxPool2dWithIndices, ModuleOps, UnfoldOptions,
 };
+use burn::tensor::{Scalar, TensorMetadata};
 
-use super::dispatch::run_batch_with;
+use super::dispatch::{is_solo, only, run_batch_with, run2, solo_map};
 use crate::backend::DistributedBackend;
 use crate::layout::Layout;
 use crate::redistribute::execute;
-use crate::rules::module::batch_parallel;
+use crate::rules::module::{self, batch_parallel};
+use crate::stack::At;
 use crate::tensor::{BoolKind, DTensor, FloatKind, IntKind, Kind};
 
 type FT<B> = DTensor<<B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive>;
@@ -42,6 +44,44 @@ fn empty_batch<B: Backend, K: Kind<B>>(r: &K::P) -> K::P {
 
 fn opt<B: Backend>(t: Option<FT<B>>, x: &Layout) -> Option<FT<B>> {
     t.map(|t| prep::<B, FloatKind>(t, x, false))
+}
+
+/// For a vocabulary-parallel table (dim 0 sharded in `table`), the rows `lo..hi` a device
+/// holds; `None` for a table whose vocabulary is whole.
+fn vocab_rows(table: &Layout, shape: &[usize]) -> impl Fn(At) -> Option<(usize, usize)> + use<> {
+    let table = table.clone();
+    let shape = shape.to_vec();
+    move |at| {
+        table.dims[0]?;
+        let At::Device(g) = at else {
+            unreachable!("the embedding runs per device")
+        };
+        let r = &table.shard_ranges(&shape, g)[0];
+        Some((r.start, r.end))
+    }
+}
+
+/// Ids `[b, s]` made local to the rows `lo..hi` of a vocabulary-parallel table: `id - lo`, or 0
+/// where the id is outside them; and the mask `[b, s]` of those outside.
+fn local_ids<B: Backend>(ids: IntTensor<B>, lo: usize, hi: usize) -> (IntTensor<B>, BoolTensor<B>) {
+    let dt = burn::tensor::get_device_settings::<B>(&B::int_device(&ids)).bool_dtype;
+    let inside = B::bool_and(
+        B::int_greater_equal_elem(ids.clone(), Scalar::from(lo as i64), dt),
+        B::int_lower_elem(ids.clone(), Scalar::from(hi as i64), dt),
+    );
+    let outside = B::bool_not(inside);
+    let local = B::int_sub_scalar(ids, Scalar::from(lo as i64));
+    (
+        B::int_mask_fill(local, outside.clone(), Scalar::from(0i64)),
+        outside,
+    )
+}
+
+/// `t` `[b, s, d]` with the rows where `outside` `[b, s]` is true set to zero.
+fn zero_rows<B: Backend>(t: FloatTensor<B>, outside: BoolTensor<B>) -> FloatTensor<B> {
+    let [b, s, d] = t.shape().dims();
+    let mask = B::bool_expand(B::bool_reshape(outside, [b, s, 1].into()), [b, s, d].into());
+    B::float_mask_fill(t, mask, Scalar::from(0.0f64))
 }
 
 macro_rules! batch_op {
@@ -318,6 +358,73 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
                 options.clone(),
             )
         })
+    }
+    /// [`embedding`](crate::rules::module::embedding): the lookup of each device's own ids (in
+    /// its own rows of a vocabulary-parallel table).
+    fn embedding(weights: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> {
+        if is_solo(&weights) {
+            return solo_map(weights, |w| B::embedding(w, only(indices)));
+        }
+        let s = module::embedding(&weights.layout, &indices.layout);
+        let rows = vocab_rows(&s.inputs[0], &weights.shape);
+        let shape = vec![indices.shape[0], indices.shape[1], weights.shape[1]];
+        run2::<B, FloatKind, IntKind, FloatKind>(weights, indices, &s, shape, false, |at, w, i| {
+            match rows(at) {
+                None => B::embedding(w, i),
+                Some((lo, hi)) => {
+                    let (local, outside) = local_ids::<B>(i, lo, hi);
+                    let d = w.shape()[1];
+                    let out = if hi > lo {
+                        B::embedding(w, local)
+                    } else {
+                        let [b, n] = outside.shape().dims();
+                        let dtype = w.dtype().into();
+                        B::float_zeros([b, n, d].into(), &B::float_device(&w), dtype)
+                    };
+                    zero_rows::<B>(out, outside)
+                }
+            }
+        })
+    }
+    /// [`embedding_backward`](crate::rules::module::embedding_backward): each device adds its
+    /// own gradient rows; the table is not moved (only its shape is used, each device's part
+    /// made empty in place).
+    fn embedding_backward(
+        weights: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+        indices: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        if is_solo(&weights) {
+            return solo_map(weights, |w| {
+                B::embedding_backward(w, only(output_grad), only(indices))
+            });
+        }
+        let s = module::embedding_backward(&weights.layout, &indices.layout);
+        let rows = vocab_rows(&s.output, &weights.shape);
+        let vocab = weights.shape[0];
+        run2::<B, FloatKind, IntKind, FloatKind>(
+            output_grad,
+            indices,
+            &s,
+            weights.shape.clone(),
+            false,
+            |at, g, i| {
+                let (n, d) = (rows(at).map_or(vocab, |(lo, hi)| hi - lo), g.shape()[2]);
+                let table = B::float_empty([n, d].into(), &B::float_device(&g), g.dtype().into());
+                match rows(at) {
+                    None => B::embedding_backward(table, g, i),
+                    Some((lo, hi)) => {
+                        let (local, outside) = local_ids::<B>(i, lo, hi);
+                        let g = zero_rows::<B>(g, outside);
+                        if hi > lo {
+                            B::embedding_backward(table, g, local)
+                        } else {
+                            table
+                        }
+                    }
+                }
+            },
+        )
     }
     /// Batch-parallel over the query's dim 0; a mask or bias whose dim 0 is the batch is sharded
     /// with it, a broadcast one (dim 0 of size 1) is replicated.

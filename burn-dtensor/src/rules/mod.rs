@@ -15,7 +15,7 @@
 //! | sum, mean, max, min, prod, arg*, cumulative | [`reduce`] | partial sum over a reduced sharded dim |
 //! | swap_dims, permute, reshape, expand, flip, unfold | [`view`] | dims carried through |
 //! | slice, select, gather, scatter, cat | [`index`] | per shard when the indexed dim is unsharded |
-//! | batch-parallel module ops (conv, pool, interpolate, attention) | [`module`] | dim 0 kept |
+//! | batch-parallel module ops (conv, pool, interpolate, attention); embedding | [`module`] | dim 0 kept; the ids' sharding |
 //! | everything else | [`fallback`] | replicated |
 
 pub mod fallback;

@@ -1,10 +1,11 @@
 //! Batch-parallel module ops (conv, pooling, interpolate, attention): with the input sharded
 //! only along dim 0 (the batch) and every other operand replicated, each shard runs the inner op
 //! on its own samples and the output keeps the batch sharding. Any other layout is first
-//! redistributed to that form.
+//! redistributed to that form. The embedding lookup and its backward (below) carry the ids'
+//! sharding instead.
 
 use super::Strategy;
-use crate::layout::Layout;
+use crate::layout::{Layout, ReduceOp};
 
 /// `x` keeps its dim-0 sharding, everything else whole; `others` operand layouts are replicated
 /// (`batched[i]` marks the operands whose dim 0 is the batch too, like an output gradient).
@@ -24,5 +25,64 @@ pub fn batch_parallel(x: &Layout, batched: &[bool], ranks: &[usize], out_rank: u
             .map(|(&b, &r)| lay(r, b))
             .collect(),
         output: lay(out_rank, true),
+    }
+}
+
+/// `embedding(weights [vocab, d], ids [batch, seq]) -> [batch, seq, d]`: each device looks its
+/// own ids up in its own part of the table, so the output's batch and sequence dims are sharded
+/// as the ids' and `d` as the table's, with no communication.
+///
+/// - A table sharded over the vocabulary on an axis the ids leave free is *vocabulary
+///   parallel* (Megatron's `VocabParallelEmbedding`): each device looks up only the ids in its
+///   rows (zeros for the others), so the output is a pending sum over that axis.
+/// - A table sharded over the vocabulary on an axis that also shards the ids (FSDP's
+///   `Shard(0)` over the batch axis) is gathered first.
+/// - An axis that shards both the ids and the table's `d` stays on the ids (the table's `d` is
+///   gathered).
+///
+/// Ids sharded over the sequence dim give a sequence-sharded activation (sequence parallelism
+/// from the input's layout).
+pub fn embedding(weights: &Layout, ids: &Layout) -> Strategy {
+    let il = ids.without_partial();
+    let mut wl = weights.without_partial();
+    if let Some(a) = wl.dims[0]
+        && il.axis_dim(a).is_some()
+    {
+        wl.dims[0] = None;
+    }
+    if let Some(a) = wl.dims[1]
+        && il.axis_dim(a).is_some()
+    {
+        wl.dims[1] = None;
+    }
+    let mut out = Layout::replicated_on(&il.mesh, 3)
+        .with_dim(0, il.dims[0])
+        .with_dim(1, il.dims[1])
+        .with_dim(2, wl.dims[1]);
+    if let Some(a) = wl.dims[0] {
+        out = out.with_partial(a, ReduceOp::Sum);
+    }
+    Strategy {
+        inputs: vec![wl, il],
+        output: out,
+    }
+}
+
+/// `embedding_backward(grad [batch, seq, d], ids [batch, seq]) -> [vocab, d]` (the table only
+/// gives the shape): the adjoint of [`embedding`] for a table in layout `weights`. Each device
+/// adds its own rows of the gradient at its own ids (a vocabulary-parallel table: only the ids
+/// in its rows), so the result has the forward table's layout and is a pending sum over every
+/// axis that shards the ids (a data-parallel table's gradient is one reduction, as every other
+/// gradient's; an FSDP table's settles by a reduce-scatter). Inputs: the gradient in the
+/// forward's output layout (its pending sum settled), the ids as in the forward.
+pub fn embedding_backward(weights: &Layout, ids: &Layout) -> Strategy {
+    let fwd = embedding(weights, ids);
+    let mut out = fwd.inputs[0].clone();
+    for a in fwd.inputs[1].dims.iter().flatten() {
+        out = out.with_partial(*a, ReduceOp::Sum);
+    }
+    Strategy {
+        inputs: vec![fwd.output.without_partial(), fwd.inputs[1].clone()],
+        output: out,
     }
 }
