@@ -4,7 +4,8 @@
 //! ([`model`]), the training driver ([`train`]) and the same training with burn-train's Learner
 //! ([`learner`]). The binaries are `examples/imdb_mlp.rs`, `examples/imdb_learner.rs` and
 //! `examples/imdb_predict.rs`. Beyond the tutorial: the Keras transformer text classifier
-//! ([`transformer`], on [`data::sequence`]'s token ids).
+//! ([`transformer`], on [`data::sequence`]'s token ids), trained in five parallel modes by
+//! [`transformer_train`] (`examples/imdb_transformer.rs`).
 
 #![warn(missing_docs)]
 
@@ -20,3 +21,4 @@ pub mod model;
 pub mod plot;
 pub mod train;
 pub mod transformer;
+pub mod transformer_train;

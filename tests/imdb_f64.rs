@@ -72,8 +72,12 @@ fn max_rel(a: &[f32], b: &[f32]) -> f32 {
 /// The same comparison with an f64 inner backend: the sharded runs then agree with the
 /// single-device run to 1e-4 relative over all 100 steps (the f32 drift above is rounding,
 /// not sharding).
+/// Seeded runs of the two tests must not interleave (the generators are process-wide).
+static RNG_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn modes_match_single_device_losses_f64() {
+    let _guard = RNG_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let Some(p) = common::archive() else { return };
     let data = &train::prepare(&p).unwrap();
     type F64 = NdArray<f64>;
@@ -104,5 +108,28 @@ fn modes_match_single_device_losses_f64() {
         );
         assert!(all < 1e-4, "{mode:?}: {all}");
         assert!(wdiff < 1e-4, "{mode:?}: weights differ by {wdiff}");
+    }
+}
+
+#[path = "common/transformer.rs"]
+mod transformer;
+
+/// The transformer of `imdb_transformer` in every parallel mode gives the bare backend's f64
+/// per-step losses over 50 steps to 1e-12 (relative), on synthetic reviews.
+#[test]
+fn transformer_modes_match_the_bare_backend_f64() {
+    use dtensor_imdb::transformer_train::TfMode;
+    let steps = 50;
+    let want = transformer::run_mode::<NdArray<f64>>(TfMode::Single, steps, &RNG_LOCK).train_losses;
+    assert_eq!(want.len(), steps);
+    assert!(want[steps - 1] < want[0], "losses {want:?}");
+    for mode in transformer::MODES {
+        let got = transformer::run_mode::<NdArray<f64>>(mode, steps, &RNG_LOCK).train_losses;
+        for (s, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-12 * w.abs(),
+                "{mode:?} f64 step {s}: {g} vs {w} (single)"
+            );
+        }
     }
 }
