@@ -10,7 +10,9 @@ use crate::layout::{Layout, Partials, ReduceOp};
 /// How an op treats pending reductions (partial sums) of its inputs.
 ///
 /// Only addition keeps partial sums partial: `sum(a_i) + sum(b_i) = sum(a_i + b_i)` settles two
-/// pending sums with one reduction. Every other element-wise op settles its partial inputs
+/// pending sums with one reduction, and `r + sum(b_i) = sum(b_i + [r on member 0])` adds a
+/// settled operand without settling the sum (PyTorch DTensor's `Replicate -> Partial` for
+/// linear ops). Every other element-wise op settles its partial inputs
 /// first, even a linear one (`neg`, `mul_scalar`, multiplication by a replicated tensor):
 /// settling before costs the same bytes as settling after (the output is never smaller than the
 /// partial input), and the settled value is memoised on the input, so every consumer of one
@@ -59,12 +61,22 @@ pub fn nary(inputs: &[(&Layout, &[usize])], out_shape: &[usize], lin: Linearity)
     let mut keep: Option<(Partials, Vec<bool>)> = None; // (out partial, which inputs stay partial)
     if any_partial {
         let only_sum = |p: &Partials| p.iter().all(|x| x.is_none_or(|o| o == ReduceOp::Sum));
-        match lin {
-            Linearity::Additive
-                if partial_sets.iter().all(|p| *p == partial_sets[0])
-                    && only_sum(partial_sets[0]) =>
+        let is_partial = |p: &Partials| p.iter().any(Option::is_some);
+        let first = partial_sets.iter().copied().find(|p| is_partial(p));
+        match (lin, first) {
+            // Every partial input waits for the same sums, and has the output's full shape (a
+            // broadcast partial is settled before it grows): the sum stays pending. A settled
+            // input joins it as a pending sum (its value on each axis' first member, zeros on
+            // the others: a local step), so `r + p1 + p2 + p3` (the gradient of an activation
+            // used by a residual and by query, key and value) settles once, not three times.
+            (Linearity::Additive, Some(p0))
+                if only_sum(p0)
+                    && inputs
+                        .iter()
+                        .zip(&partial_sets)
+                        .all(|((_, s), p)| !is_partial(p) || (*p == p0 && *s == out_shape)) =>
             {
-                keep = Some((partial_sets[0].clone(), vec![true; inputs.len()]));
+                keep = Some((p0.clone(), vec![true; inputs.len()]));
             }
             _ => {}
         }
