@@ -301,6 +301,8 @@ pub struct TfSummary {
     pub comm_events: Vec<CommEvent>,
     /// Every float parameter's path and layout (empty for `single`).
     pub parameters: Vec<String>,
+    /// Number of scalar parameters of the model.
+    pub num_params: usize,
 }
 
 /// Trains and evaluates `cfg` on `data` with the inner backend `I` on `device` (virtual
@@ -419,6 +421,7 @@ fn train_loop<B: AutodiffBackend>(
     place_valid: &Place<'_, Inner<B>>,
     settle: &Settle<'_, B>,
 ) -> Result<TfSummary, AppError> {
+    let num_params = burn::module::Module::num_params(&model);
     let mut optim = AdamConfig::new().init::<B, TextTransformer<B>>();
     let loss_fn = CrossEntropyLossConfig::new().init(&model.head.weight.device());
     let n = data.train.labels.len();
@@ -477,6 +480,7 @@ fn train_loop<B: AutodiffBackend>(
         wall_s: t_run.elapsed().as_secs_f64(),
         comm_first_step: comm.to_string(),
         comm_events: comm.events,
+        num_params,
         parameters,
     })
 }

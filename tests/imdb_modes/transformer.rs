@@ -4,13 +4,13 @@
 
 use burn::backend::NdArray;
 use burn_dtensor::CollectiveKind;
-use dtensor_imdb::transformer_train::TfMode;
+use dtensor_imdb::transformer_train::{TfMode, TfSummary};
 
 #[path = "../common/transformer.rs"]
 mod setup;
 use setup::MODES;
 
-fn run_mode(mode: TfMode, steps: usize) -> dtensor_imdb::transformer_train::TfSummary {
+fn run_mode(mode: TfMode, steps: usize) -> TfSummary {
     setup::run_mode::<NdArray<f32>>(mode, steps, &crate::RNG_LOCK)
 }
 
@@ -34,22 +34,59 @@ fn modes_match_the_bare_backend_f32() {
     }
 }
 
-/// The collectives of one training step of each mode, printed as `kind@axis shape bytes`.
+/// The collectives of one training step (forward, backward, settling, Adam) of each mode,
+/// against each plan's analytic count (bytes: received, summed over the devices; an all-reduce
+/// of `n` bytes per device over a group of `g` receives `2 (g - 1) / g * n` on each).
 #[test]
 fn communication_of_each_mode() {
+    let (batch, seq, d, devices) = (8usize, 8usize, 8usize, 8usize);
+    let count = |s: &TfSummary, kind: CollectiveKind, axis: &str| {
+        s.comm_events
+            .iter()
+            .filter(|e| e.kind == kind && e.axis == axis)
+            .count()
+    };
     for mode in MODES {
         let s = run_mode(mode, 1);
         println!("{mode:?}: {}", s.comm_first_step);
         for e in &s.comm_events {
             println!("  {}@{} {:?} {} B", e.kind, e.axis, e.shape, e.bytes);
         }
-        if mode == TfMode::Data {
-            // Data parallel: no collective but all-reduces over `batch`.
-            assert!(
-                s.comm_events
-                    .iter()
-                    .all(|e| e.kind == CollectiveKind::AllReduce && e.axis == "batch")
-            );
+        let tensors = s.parameters.len();
+        assert_eq!(tensors, 20, "{mode:?}: parameter tensors");
+        match mode {
+            // DDP: one all-reduce per gradient and the loss's scalar, nothing else.
+            TfMode::Data => {
+                assert_eq!(count(&s, CollectiveKind::AllReduce, "batch"), tensors + 1);
+                assert_eq!(s.comm_events.len(), tensors + 1);
+                let bytes: u64 = s.comm_events.iter().map(|e| e.bytes).sum();
+                let want = 2 * (devices as u64 - 1) * 4 * (s.num_params as u64 + 1);
+                assert_eq!(bytes, want, "data: all-reduce bytes");
+            }
+            // FSDP: every gradient reduce-scattered to its parameter's shard, once.
+            TfMode::Fsdp => {
+                assert_eq!(count(&s, CollectiveKind::ReduceScatter, "batch"), tensors);
+                assert!(count(&s, CollectiveKind::AllGather, "batch") >= tensors);
+            }
+            // Megatron: one all-reduce of the [batch, seq, d_model] activation over `model` for
+            // the vocabulary-parallel embedding, two per block forward and two backward
+            // (each device holds [batch / 4, seq, d_model] of f32; groups of 2).
+            TfMode::Tp | TfMode::TwoD => {
+                let act = |e: &&burn_dtensor::CommEvent| {
+                    e.kind == CollectiveKind::AllReduce
+                        && e.axis == "model"
+                        && e.shape == [batch, seq, d]
+                };
+                let acts: Vec<_> = s.comm_events.iter().filter(act).collect();
+                assert_eq!(acts.len(), 1 + 4, "{mode:?}: activation all-reduces");
+                let local = (batch / 4 * seq * d * 4) as u64;
+                for e in acts {
+                    assert_eq!(e.bytes, local * devices as u64, "{mode:?}: {e:?}");
+                }
+                assert_eq!(count(&s, CollectiveKind::AllGather, "model"), 0);
+                assert_eq!(count(&s, CollectiveKind::AllToAll, "model"), 0);
+            }
+            TfMode::TpSp | TfMode::Single => {}
         }
     }
 }
