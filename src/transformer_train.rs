@@ -324,18 +324,8 @@ pub fn run<I: Backend>(
         seed_all::<DistributedBackend<I>>(&one, cfg.seed);
         let drawn = param_values(&model_cfg.init::<DistributedBackend<I>>(&one));
         let model = with_param_values(model_cfg.init::<Autodiff<I>>(&device), drawn);
-        let place_train = |x: TensorData, y: TensorData| -> Result<Batch<Autodiff<I>>, AppError> {
-            Ok((
-                Tensor::from_data(x.convert::<I::IntElem>(), &device),
-                Tensor::from_data(y.convert::<I::IntElem>(), &device),
-            ))
-        };
-        let place_valid = |x: TensorData, y: TensorData| -> Result<Batch<I>, AppError> {
-            Ok((
-                Tensor::from_data(x.convert::<I::IntElem>(), &device),
-                Tensor::from_data(y.convert::<I::IntElem>(), &device),
-            ))
-        };
+        let place_train = |x, y| Ok(on_device::<Autodiff<I>>(x, y, &device));
+        let place_valid = |x, y| Ok(on_device::<I>(x, y, &device));
         return train_loop::<Autodiff<I>>(
             cfg,
             data,
@@ -368,19 +358,8 @@ pub fn run<I: Backend>(
         .iter()
         .map(|(p, l)| format!("{p}: {l}"))
         .collect();
-    let place_train = |x: TensorData, y: TensorData| -> Result<Batch<Db<I>>, AppError> {
-        Ok((
-            burn_dtensor::distribute(x.convert::<I::IntElem>(), &ids_layout)?,
-            burn_dtensor::distribute(y.convert::<I::IntElem>(), &label_layout)?,
-        ))
-    };
-    let place_valid =
-        |x: TensorData, y: TensorData| -> Result<Batch<DistributedBackend<I>>, AppError> {
-            Ok((
-                burn_dtensor::distribute(x.convert::<I::IntElem>(), &ids_layout)?,
-                burn_dtensor::distribute(y.convert::<I::IntElem>(), &label_layout)?,
-            ))
-        };
+    let place_train = |x, y| distributed::<Db<I>>(x, y, &ids_layout, &label_layout);
+    let place_valid = |x, y| distributed::<DistributedBackend<I>>(x, y, &ids_layout, &label_layout);
     train_loop::<Db<I>>(
         cfg,
         data,
@@ -391,6 +370,27 @@ pub fn run<I: Backend>(
         &place_valid,
         &|g, m| Ok(settle_gradients(g, m)?),
     )
+}
+
+/// A host batch on one device of the bare backend `B`.
+fn on_device<B: Backend>(ids: TensorData, labels: TensorData, device: &B::Device) -> Batch<B> {
+    (
+        Tensor::from_data(ids.convert::<B::IntElem>(), device),
+        Tensor::from_data(labels.convert::<B::IntElem>(), device),
+    )
+}
+
+/// A host batch distributed on a mesh: ids in `ids`' layout, labels in `labels`'.
+fn distributed<B: burn_dtensor::DistributedOps>(
+    ids: TensorData,
+    labels: TensorData,
+    ids_layout: &Layout,
+    label_layout: &Layout,
+) -> Result<Batch<B>, AppError> {
+    Ok((
+        burn_dtensor::distribute(ids.convert::<B::IntElem>(), ids_layout)?,
+        burn_dtensor::distribute(labels.convert::<B::IntElem>(), label_layout)?,
+    ))
 }
 
 /// Seeds the backend's generator and the decorator's counter-based one (the weights' stream).
