@@ -118,14 +118,14 @@ fn worker() {
                 &[(Reduction::Ordered, "dtensor")]
             };
             for &(mode, path) in modes {
-                spmd::set_reduction(mode);
+                burn_dtensor::configure(burn_dtensor::config().with_reduction(mode));
                 let t = time(reps, || {
                     let x: Tensor<DB, 2> = distribute(data.clone(), from).unwrap();
                     let _ = x.relayout(to).unwrap().to_local_shards();
                 }) - upload;
                 line(name, path, t, factor);
             }
-            spmd::set_reduction(Reduction::Ordered);
+            burn_dtensor::configure(burn_dtensor::config().with_reduction(Reduction::Ordered));
             // The engine alone on the same global buffer: an all-reduce of all of it, or an
             // all-gather of one process's share of it.
             let reduces = from.is_partial();

@@ -73,9 +73,9 @@ fn run_all(steps: usize) {
                 format!("{mode:?}").to_lowercase()
             );
         } else {
-            spmd::set_reduction(Reduction::Ordered);
+            burn_dtensor::configure(burn_dtensor::config().with_reduction(Reduction::Ordered));
             let ordered = median_step(mode, false, steps);
-            spmd::set_reduction(Reduction::Engine);
+            burn_dtensor::configure(burn_dtensor::config().with_reduction(Reduction::Engine));
             let engine = median_step(mode, false, steps);
             if world.is_chief() {
                 println!(

@@ -13,10 +13,10 @@ use burn::tensor::{BasicOps, Bool, Float, Int, Tensor, TensorData, TensorPrimiti
 use crate::backend::DistributedBackend;
 use crate::error::{DTensorError, Result};
 use crate::layout::Layout;
+use crate::layout::local_shape;
 use crate::mesh::Mesh;
 use crate::ops::common;
 use crate::redistribute::redistribute;
-use crate::shard::local_shape;
 use crate::tensor::{BoolKind, DTensor, FloatKind, IntKind, Kind};
 
 /// Backends whose tensors carry layouts: [`DistributedBackend<B>`] and

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use crate::error::{DTensorError, Result};
 use crate::layout::Layout;
-use crate::mesh::MeshTopology;
+use crate::mesh::{Mesh, MeshTopology};
 
 thread_local! {
     /// The scoped creation layouts of this thread, innermost last: (global shape, layout).
@@ -82,4 +82,39 @@ pub(crate) fn layout_for(mesh: &Arc<MeshTopology>, shape: &[usize]) -> Layout {
             .map(|(_, l)| l.clone())
     });
     scoped.unwrap_or_else(|| Layout::created_on(mesh, shape.len()))
+}
+
+impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
+    /// The same mesh with a *creation-layout policy*: every tensor created on it (from data,
+    /// `zeros`, `ones`, `full`, `empty`, random) has global dim `i` sharded over mesh axis
+    /// `spec[i]` (or unsharded for [`UNSHARDED`](crate::UNSHARDED)); dims beyond `spec`, and
+    /// tensors of lower rank, keep the rest unsharded. Each device then receives only its chunk
+    /// (uneven or empty chunks when a dim is smaller than or not divisible by its axis).
+    ///
+    /// This shards a whole program without touching it: `Tensor::from_data(data, &device)` with
+    /// `device = DistributedDevice::new(mesh.with_creation_sharding(["a", "b"])?)` starts every
+    /// computation on sharded tensors (the conformance suite runs Burn's tests this way). Results
+    /// are unchanged: a layout never changes values. An empty `spec` gives back the replicated
+    /// policy. The variants are distinct meshes (tensors move between them with `to_device`).
+    ///
+    /// # Errors
+    /// [`DTensorError::UnknownAxis`] for a name the mesh lacks, [`DTensorError::AxisUsedTwice`]
+    /// when an axis shards two dims.
+    pub fn with_creation_sharding<S: AsRef<str>>(
+        &self,
+        spec: impl IntoIterator<Item = S>,
+    ) -> Result<Self> {
+        let layout = Layout::new(self, spec)?;
+        let mut creation = layout.dims.to_vec();
+        while creation.last() == Some(&None) {
+            creation.pop();
+        }
+        Ok(Self::intern(
+            self.topo.axes.clone(),
+            self.devices.to_vec(),
+            self.topo.stacked,
+            creation,
+            self.topo.grid.clone(),
+        ))
+    }
 }

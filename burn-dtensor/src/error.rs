@@ -254,6 +254,17 @@ pub enum DTensorError {
         /// What is wrong (naming the tensor and file) and how to fix it.
         reason: String,
     },
+    /// A `BURN_DTENSOR_*` environment variable with a value it does not accept
+    /// ([`crate::Config::from_env`]).
+    #[error("environment variable {var}=`{value}` is not valid: expected {expected}")]
+    Config {
+        /// The variable.
+        var: String,
+        /// Its value.
+        value: String,
+        /// What it accepts.
+        expected: String,
+    },
     /// Host data whose dtype is not supported by `distribute` (e.g. quantized data).
     #[error("unsupported data for this operation: {0}")]
     Unsupported(String),

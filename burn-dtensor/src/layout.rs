@@ -11,19 +11,9 @@ use std::sync::Arc;
 use crate::error::{DTensorError, Result};
 use crate::mesh::{Mesh, MeshTopology};
 
-/// The name that marks a tensor dim as not sharded (TensorFlow DTensor's `UNSHARDED`).
-pub const UNSHARDED: &str = "unsharded";
+pub use crate::mesh::UNSHARDED;
 
-/// The reduction a partial result is waiting for along one mesh axis.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ReduceOp {
-    /// The global value is the sum of the devices' values.
-    Sum,
-    /// The global value is the element-wise maximum.
-    Max,
-    /// The global value is the element-wise minimum.
-    Min,
-}
+pub use crate::collective::interface::ReduceOp;
 
 /// Per-dim placement.
 pub type DimSpec = Option<usize>;
@@ -243,11 +233,11 @@ impl Layout {
     /// of a tensor of global shape `shape` under this layout: the whole extent on unsharded
     /// dims, its chunk on sharded ones (chunk semantics, see [`Layout`]; possibly empty).
     pub fn shard_ranges(&self, shape: &[usize], device: usize) -> Vec<std::ops::Range<usize>> {
-        crate::shard::local_ranges(self, shape, device)
+        local_ranges(self, shape, device)
     }
     /// The per-shard shape of mesh device `device` (the lengths of [`Layout::shard_ranges`]).
     pub fn shard_shape(&self, shape: &[usize], device: usize) -> Vec<usize> {
-        crate::shard::local_shape(self, shape, device)
+        local_shape(self, shape, device)
     }
     /// Checks that this layout fits a tensor of the given rank.
     ///
@@ -310,4 +300,49 @@ impl fmt::Display for Layout {
             self.mesh
         )
     }
+}
+
+/// For device `flat` of the layout's mesh, the range of each global dim it holds.
+pub(crate) fn local_ranges(
+    layout: &Layout,
+    shape: &[usize],
+    flat: usize,
+) -> Vec<std::ops::Range<usize>> {
+    layout
+        .dims
+        .iter()
+        .zip(shape)
+        .map(|(s, &n)| match s {
+            Some(a) => {
+                crate::shard::chunk(n, layout.mesh.axis_size(*a), layout.mesh.coord(flat, *a))
+            }
+            None => 0..n,
+        })
+        .collect()
+}
+
+/// The per-shard shape of device `flat`.
+pub(crate) fn local_shape(layout: &Layout, shape: &[usize], flat: usize) -> Vec<usize> {
+    local_ranges(layout, shape, flat)
+        .into_iter()
+        .map(|r| r.len())
+        .collect()
+}
+
+/// Whether some device holds an empty shard (a sharded dim smaller than its axis).
+pub(crate) fn has_empty_shard(layout: &Layout, shape: &[usize]) -> bool {
+    layout
+        .dims
+        .iter()
+        .zip(shape)
+        .any(|(s, &n)| s.is_some_and(|a| n < layout.mesh.axis_size(a)))
+}
+
+/// Whether every sharded dim divides evenly by its axis size.
+pub(crate) fn is_even(layout: &Layout, shape: &[usize]) -> bool {
+    layout
+        .dims
+        .iter()
+        .zip(shape)
+        .all(|(s, &n)| s.is_none_or(|a| n % layout.mesh.axis_size(a) == 0))
 }

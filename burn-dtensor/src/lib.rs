@@ -57,14 +57,18 @@
 #![warn(missing_docs)]
 
 mod api;
+#[cfg(test)]
+mod architecture;
 mod autodiff;
 mod backend;
 pub mod checkpoint;
 mod collective;
 mod comm;
+pub mod config;
 mod creation;
 mod device;
 mod error;
+mod fault;
 mod grads;
 mod host;
 mod inner;
@@ -88,6 +92,7 @@ pub use api::{
 };
 pub use backend::DistributedBackend;
 pub use comm::{CollectiveKind, CommDebugMode, CommEvent, CommLog, record_comms};
+pub use config::{Config, ProcessEngine, Reduction, config, configure, try_config};
 pub use creation::with_creation_layout;
 pub use device::DistributedDevice;
 pub use error::{DTensorError, Result};

@@ -6,6 +6,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::{DTensorError, Result};
 
+/// The name that marks a tensor dim as not sharded (TensorFlow DTensor's `UNSHARDED`): never a
+/// mesh axis name.
+pub const UNSHARDED: &str = "unsharded";
+
 /// The device-independent part of a mesh: its axes and its identity.
 ///
 /// Layouts refer to a mesh through its topology, so [`Layout`](crate::Layout) is not generic over
@@ -15,9 +19,10 @@ pub struct MeshTopology {
     pub(crate) id: u16,
     pub(crate) axes: Vec<(String, usize)>,
     pub(crate) strides: Vec<usize>,
-    /// Whether the shards of this mesh's tensors may be held stacked (see [`crate::stack`]): every
+    /// Whether the shards of this mesh's tensors may be held stacked (see `crate::stack`): every
     /// device is the same inner device (a virtual mesh) of more than one position, and stacked
-    /// execution was not switched off ([`Mesh::with_stacked_execution`], `BURN_DTENSOR_STACKED=0`).
+    /// execution was not switched off ([`Mesh::with_stacked_execution`],
+    /// [`Config::stacked_execution`](crate::Config::stacked_execution)).
     pub(crate) stacked: bool,
     /// The creation-layout policy ([`Mesh::with_creation_sharding`]): tensor dim `i` of every
     /// tensor created on this mesh is sharded over mesh axis `creation[i]` (when `Some`); empty
@@ -35,7 +40,7 @@ pub struct MeshTopology {
 
 impl MeshTopology {
     /// Whether tensors on this mesh run in stacked form: one inner op for all shards, with the
-    /// mesh axes as leading dims (see [`crate::stack`]). True for a virtual mesh (one inner
+    /// mesh axes as leading dims (see `crate::stack`). True for a virtual mesh (one inner
     /// device at every position) unless switched off.
     pub fn is_stacked(&self) -> bool {
         self.stacked
@@ -259,7 +264,7 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
         Ok(Self::intern(
             axes,
             devices,
-            stacked_default(),
+            crate::config::try_config()?.stacked_execution,
             Vec::new(),
             Default::default(),
         ))
@@ -291,7 +296,22 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
     where
         D: fmt::Debug,
     {
-        let world = crate::spmd::init()?;
+        Self::on_world(crate::spmd::init()?, axes, local_devices)
+    }
+
+    /// [`Mesh::spmd`] over a given `world` (the one [`crate::spmd::init`] returns): the world
+    /// is made once, by the application or by [`Mesh::spmd`], never by the mesh itself.
+    ///
+    /// # Errors
+    /// As [`Mesh::spmd`].
+    pub fn on_world<S: Into<String>>(
+        world: &crate::spmd::World,
+        axes: impl IntoIterator<Item = (S, usize)>,
+        local_devices: Vec<D>,
+    ) -> Result<Self>
+    where
+        D: fmt::Debug,
+    {
         let axes: Vec<(String, usize)> = axes.into_iter().map(|(n, s)| (n.into(), s)).collect();
         if world.size() == 1 {
             return Self::new(axes, local_devices);
@@ -377,40 +397,7 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
         )
     }
 
-    /// The same mesh with a *creation-layout policy*: every tensor created on it (from data,
-    /// `zeros`, `ones`, `full`, `empty`, random) has global dim `i` sharded over mesh axis
-    /// `spec[i]` (or unsharded for [`UNSHARDED`](crate::UNSHARDED)); dims beyond `spec`, and
-    /// tensors of lower rank, keep the rest unsharded. Each device then receives only its chunk
-    /// (uneven or empty chunks when a dim is smaller than or not divisible by its axis).
-    ///
-    /// This shards a whole program without touching it: `Tensor::from_data(data, &device)` with
-    /// `device = DistributedDevice::new(mesh.with_creation_sharding(["a", "b"])?)` starts every
-    /// computation on sharded tensors (the conformance suite runs Burn's tests this way). Results
-    /// are unchanged: a layout never changes values. An empty `spec` gives back the replicated
-    /// policy. The variants are distinct meshes (tensors move between them with `to_device`).
-    ///
-    /// # Errors
-    /// [`DTensorError::UnknownAxis`] for a name the mesh lacks, [`DTensorError::AxisUsedTwice`]
-    /// when an axis shards two dims.
-    pub fn with_creation_sharding<S: AsRef<str>>(
-        &self,
-        spec: impl IntoIterator<Item = S>,
-    ) -> Result<Self> {
-        let layout = crate::Layout::new(self, spec)?;
-        let mut creation = layout.dims.to_vec();
-        while creation.last() == Some(&None) {
-            creation.pop();
-        }
-        Ok(Self::intern(
-            self.topo.axes.clone(),
-            self.devices.to_vec(),
-            self.topo.stacked,
-            creation,
-            self.topo.grid.clone(),
-        ))
-    }
-
-    fn intern(
+    pub(crate) fn intern(
         axes: Vec<(String, usize)>,
         devices: Vec<D>,
         stacked: bool,
@@ -513,7 +500,7 @@ impl<D> fmt::Display for Mesh<D> {
 /// Axis names non-empty, distinct and not `unsharded`; sizes positive.
 fn check_axes(axes: &[(String, usize)]) -> Result<()> {
     for (i, (n, s)) in axes.iter().enumerate() {
-        if n.is_empty() || *s == 0 || n == crate::layout::UNSHARDED {
+        if n.is_empty() || *s == 0 || n == UNSHARDED {
             return Err(DTensorError::InvalidAxis {
                 axis: n.clone(),
                 size: *s,
@@ -528,12 +515,6 @@ fn check_axes(axes: &[(String, usize)]) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Stacked execution's default: on, unless `BURN_DTENSOR_STACKED=0`.
-fn stacked_default() -> bool {
-    static V: OnceLock<bool> = OnceLock::new();
-    *V.get_or_init(|| std::env::var("BURN_DTENSOR_STACKED").map_or(true, |v| v != "0"))
 }
 
 /// Parses `"batch=4,model=2"` (whitespace allowed) into `(axis, size)` pairs.

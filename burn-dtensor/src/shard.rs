@@ -1,4 +1,5 @@
-//! Global <-> local geometry: which slice of a global tensor each device holds.
+//! Global <-> local geometry of one dim: which slice of a global dim each shard holds (the
+//! per-layout forms, [`crate::layout::local_ranges`] and its kin, build on it).
 //!
 //! Chunk semantics (also for sizes not divisible by the axis size): a dim of global size `n`
 //! split over `k` shards gives shard `i` the half-open range
@@ -7,52 +8,11 @@
 
 use std::ops::Range;
 
-use crate::layout::Layout;
-
 /// The range of a dim of global size `n` held by shard `i` of `k`.
 pub fn chunk(n: usize, k: usize, i: usize) -> Range<usize> {
     let (q, r) = (n / k, n % k);
     let start = i * q + i.min(r);
     start..start + q + usize::from(i < r)
-}
-
-/// For device `flat` of the layout's mesh, the range of each global dim it holds.
-pub fn local_ranges(layout: &Layout, shape: &[usize], flat: usize) -> Vec<Range<usize>> {
-    layout
-        .dims
-        .iter()
-        .zip(shape)
-        .map(|(s, &n)| match s {
-            Some(a) => chunk(n, layout.mesh.axis_size(*a), layout.mesh.coord(flat, *a)),
-            None => 0..n,
-        })
-        .collect()
-}
-
-/// The per-shard shape of device `flat`.
-pub fn local_shape(layout: &Layout, shape: &[usize], flat: usize) -> Vec<usize> {
-    local_ranges(layout, shape, flat)
-        .into_iter()
-        .map(|r| r.len())
-        .collect()
-}
-
-/// Whether some device holds an empty shard (a sharded dim smaller than its axis).
-pub fn has_empty_shard(layout: &Layout, shape: &[usize]) -> bool {
-    layout
-        .dims
-        .iter()
-        .zip(shape)
-        .any(|(s, &n)| s.is_some_and(|a| n < layout.mesh.axis_size(a)))
-}
-
-/// Whether every sharded dim divides evenly by its axis size.
-pub fn is_even(layout: &Layout, shape: &[usize]) -> bool {
-    layout
-        .dims
-        .iter()
-        .zip(shape)
-        .all(|(s, &n)| s.is_none_or(|a| n % layout.mesh.axis_size(a) == 0))
 }
 
 #[cfg(test)]

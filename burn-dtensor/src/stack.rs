@@ -31,7 +31,7 @@ use burn::tensor::{Shape, Slice, TensorMetadata};
 use crate::inner::{prefer_dense, reshape_copies};
 use crate::layout::Layout;
 use crate::rules::pointwise::broadcast_shape;
-use crate::shard;
+
 use crate::tensor::{DTensor, Kind, Shards};
 
 /// Where an op's inner closure runs: on the shard of one mesh device (its flat index), or once
@@ -56,7 +56,7 @@ impl At {
     /// shape of the device, or the [`stack_shape`].
     pub fn shape(self, layout: &Layout, shape: &[usize]) -> Vec<usize> {
         match self {
-            At::Device(i) => shard::local_shape(layout, shape, i),
+            At::Device(i) => crate::layout::local_shape(layout, shape, i),
             At::Stacked(_) => stack_shape(layout, shape),
         }
     }
@@ -127,7 +127,7 @@ pub fn stackable(layout: &Layout, shape: &[usize]) -> bool {
 pub fn stackable_shape(layout: &Layout, shape: &[usize]) -> bool {
     layout.mesh.ndim() + shape.len() <= MAX_STACKED_RANK
         && shape.iter().all(|&n| n > 0)
-        && shard::is_even(layout, shape)
+        && crate::layout::is_even(layout, shape)
         && layout
             .partial
             .iter()
@@ -210,7 +210,7 @@ pub fn to_per_device<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> 
             out.push(p);
             continue;
         }
-        let local = shard::local_shape(layout, shape, i);
+        let local = crate::layout::local_shape(layout, shape, i);
         let sliced = if (0..k).any(|a| uses_axis(layout, a)) {
             let mut slices: Vec<Slice> = (0..k)
                 .map(|a| {

@@ -9,7 +9,6 @@ use burn::tensor::ops::{BoolTensor, FloatTensor, IntTensor};
 use burn::tensor::{DType, Shape, Slice, TensorData, TensorMetadata};
 
 use crate::layout::{Layout, ReduceOp};
-use crate::shard;
 
 /// A distributed tensor: global `shape`, its `layout` on a mesh, and its shard values in one of
 /// the states of [`Shards`] (per device, stacked, or stacked with deferred partial products).
@@ -37,11 +36,11 @@ pub struct DTensor<P> {
 #[derive(Clone, Debug)]
 pub enum Shards<P> {
     /// One inner primitive per addressable mesh position, of the per-shard shape
-    /// [`shard::local_shape`] gives: `v[i]` is device `i` (row-major) in one process; on a
+    /// [`crate::layout::local_shape`] gives: `v[i]` is device `i` (row-major) in one process; on a
     /// multi-process mesh only this process's positions, `v[j]` being position
     /// [`MeshTopology::global`](crate::MeshTopology::global)`(j)` (see [`crate::spmd`]).
     PerDevice(Vec<P>),
-    /// One primitive of shape [`shard::stack_shape`] holding every shard (virtual meshes only,
+    /// One primitive of shape [`crate::stack::stack_shape`] holding every shard (virtual meshes only,
     /// see [`crate::stack`]): one leading dim per mesh axis (the axis size where the layout uses
     /// the axis, else 1), then the per-shard shape.
     Stacked(P),
@@ -212,7 +211,7 @@ impl<P> DTensor<P> {
     /// Per-shard shape of this process's `j`-th shard (the mesh position
     /// [`MeshTopology::global`](crate::MeshTopology::global)`(j)`; device `j` in one process).
     pub fn local_shape(&self, j: usize) -> Vec<usize> {
-        shard::local_shape(&self.layout, &self.shape, self.layout.mesh.global(j))
+        crate::layout::local_shape(&self.layout, &self.shape, self.layout.mesh.global(j))
     }
 }
 

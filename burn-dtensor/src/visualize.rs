@@ -29,7 +29,7 @@ use comfy_table::{Cell, Color, Table};
 
 use crate::error::Result;
 use crate::layout::Layout;
-use crate::shard::local_ranges;
+use crate::layout::local_ranges;
 
 /// Background colours of the device blocks (cycled), chosen to stay readable with black text.
 const PALETTE: [Color; 8] = [

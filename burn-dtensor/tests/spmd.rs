@@ -382,7 +382,7 @@ fn contraction_across_processes() {
         let batch = Layout::new(&m, [first.as_str(), UNSHARDED]).unwrap();
         let x: Tensor<DB, 2> = distribute(a.clone(), &batch).unwrap();
         let g: Tensor<DB, 2> = distribute(b.clone(), &batch).unwrap();
-        spmd::set_reduction(spmd::Reduction::Ordered);
+        burn_dtensor::configure(burn_dtensor::config().with_reduction(spmd::Reduction::Ordered));
         let (y, log) = burn_dtensor::record_comms(|| x.clone().transpose().matmul(g.clone()));
         assert!(!y.layout().is_partial(), "{m}: {}", y.layout());
         assert!(
@@ -392,12 +392,12 @@ fn contraction_across_processes() {
             "{m}: {log:?}"
         );
         assert_eq!(y.into_data(), want, "{m}: ordered, bitwise");
-        spmd::set_reduction(spmd::Reduction::Engine);
+        burn_dtensor::configure(burn_dtensor::config().with_reduction(spmd::Reduction::Engine));
         let y = x.transpose().matmul(g);
         assert!(y.layout().is_partial(), "{m}: {}", y.layout());
         y.into_data()
             .assert_approx_eq::<f32>(&want, burn::tensor::Tolerance::rel_abs(1e-5, 1e-6));
-        spmd::set_reduction(spmd::Reduction::Ordered);
+        burn_dtensor::configure(burn_dtensor::config().with_reduction(spmd::Reduction::Ordered));
     }
     done(name);
 }
@@ -733,39 +733,43 @@ fn start_up_checks_across_processes() {
         matches!(e, burn_dtensor::DTensorError::ProcessGrid { .. }),
         "{e}"
     );
-    // The cross-process engine is chosen with the mesh (`BURN_DTENSOR_SPMD_ENGINE`): an
-    // unknown name, and NCCL without its features or on CPU devices, are typed errors before any
-    // collective.
+    // The cross-process engine is chosen with the mesh (`Config::process_engine`): NCCL without
+    // its features or on CPU devices is a typed error before any collective; an unknown name
+    // in `BURN_DTENSOR_SPMD_ENGINE` is one too.
     let nccl_says = if cfg!(all(feature = "nccl", feature = "mpi")) {
         "CUDA devices"
     } else {
         "--features nccl,mpi"
     };
-    for (engine, says) in [("bogus", "unknown engine"), ("nccl", nccl_says)] {
-        // SAFETY: the worker runs one test on one thread (`--test-threads=1`).
-        unsafe { std::env::set_var("BURN_DTENSOR_SPMD_ENGINE", engine) };
-        let e = Mesh::spmd([("e", 4)], vec![Dev::default(); 2]).unwrap_err();
-        unsafe { std::env::remove_var("BURN_DTENSOR_SPMD_ENGINE") };
-        assert!(
-            matches!(e, burn_dtensor::DTensorError::Spmd(_)) && e.to_string().contains(says),
-            "{engine}: {e}"
-        );
-    }
+    let before = burn_dtensor::config();
+    burn_dtensor::configure(before.with_process_engine(burn_dtensor::ProcessEngine::Nccl));
+    let e = Mesh::spmd([("e", 4)], vec![Dev::default(); 2]).unwrap_err();
+    assert!(
+        matches!(e, burn_dtensor::DTensorError::Spmd(_)) && e.to_string().contains(nccl_says),
+        "nccl: {e}"
+    );
+    let e = burn_dtensor::Config::from_vars(|k| {
+        (k == "BURN_DTENSOR_SPMD_ENGINE").then(|| "bogus".to_string())
+    })
+    .unwrap_err();
+    assert!(
+        matches!(e, burn_dtensor::DTensorError::Config { .. }) && e.to_string().contains("`mpi`"),
+        "bogus: {e}"
+    );
     // MPI by name is the default.
-    unsafe { std::env::set_var("BURN_DTENSOR_SPMD_ENGINE", "mpi") };
+    burn_dtensor::configure(before.with_process_engine(burn_dtensor::ProcessEngine::Mpi));
     let m = Mesh::spmd([("e", 4)], vec![Dev::default(); 2]);
-    unsafe { std::env::remove_var("BURN_DTENSOR_SPMD_ENGINE") };
     assert_eq!(m.unwrap().size(), 4);
     // Seeds and layout maps: `agree`.
     let e = w.agree("seed", &format!("{}", 40 + w.rank())).unwrap_err();
     assert!(e.to_string().contains("seed"), "{e}");
     w.agree("seed", "42").unwrap();
     // The reduction order is agreed with the mesh: a difference is named, with both values.
-    spmd::set_reduction(if w.rank() == 1 {
+    burn_dtensor::configure(burn_dtensor::config().with_reduction(if w.rank() == 1 {
         spmd::Reduction::Engine
     } else {
         spmd::Reduction::Ordered
-    });
+    }));
     let e = Mesh::spmd([("r", 4)], vec![Dev::default(); 2])
         .unwrap_err()
         .to_string();
@@ -775,7 +779,7 @@ fn start_up_checks_across_processes() {
             && e.contains("`Ordered`"),
         "{e}"
     );
-    spmd::set_reduction(spmd::Reduction::Ordered);
+    burn_dtensor::configure(burn_dtensor::config().with_reduction(spmd::Reduction::Ordered));
     // The inner backend and its element types.
     let e = if w.rank() == 0 {
         w.agree_backend::<NdArray<f32>>()

@@ -12,12 +12,12 @@ use std::sync::Arc;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape, TensorData, TensorMetadata};
 
+use super::interface::ProcessGroup;
+use super::interface::ReduceOp;
 use crate::comm::CollectiveKind;
 use crate::host::{self, HostBuffer};
-use crate::layout::ReduceOp;
 use crate::mesh::MeshTopology;
 use crate::shard::chunk;
-use crate::spmd::ProcessGroup;
 use crate::tensor::Kind;
 
 fn what(kind: CollectiveKind, topo: &MeshTopology, axis: usize, shape: &[usize]) -> String {

@@ -36,8 +36,8 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::calculate_cube_count_elemwise;
 use cubecl::prelude::*;
 
-use super::engine::LocalEngine;
-use crate::layout::ReduceOp;
+use super::interface::LocalEngine;
+use super::interface::ReduceOp;
 
 static LAUNCHES: AtomicU64 = AtomicU64::new(0);
 static ENABLED: AtomicBool = AtomicBool::new(true);

@@ -1,12 +1,15 @@
-//! The in-process collective engines: fused paths for the shards of one group that a process
-//! holds, chosen when the mesh is built (from the inner device type and the crate's features),
-//! and held by the mesh's [`MeshTopology`](crate::MeshTopology).
+//! Where engines are chosen, the one file that looks at the crate's engine features: the
+//! in-process engines of a mesh ([`LocalEngines::for_device`]: fused paths for the shards of one
+//! group that a process holds, chosen when the mesh is built from the inner device type, and
+//! held by the mesh's [`MeshTopology`](crate::MeshTopology)); the engine that starts the
+//! process world ([`start_world`]: MPI); and the cross-process engine of a multi-process
+//! mesh's axis groups ([`across_engine`]: MPI or NCCL, from [`crate::Config`]).
 //!
 //! The collective algorithms ([`super::generic`]) ask the mesh's [`LocalEngines`] first and fall
 //! back to the inner backend's own ops (slice, cat, add, `to_device`) when no engine applies.
-//! Each engine is one file implementing [`LocalEngine`]; adding one is that file plus one line in
-//! [`LocalEngines::for_device`], the only place that looks at features. The cross-process
-//! engine (MPI) sits behind the other trait, [`crate::spmd::ProcessGroup`].
+//! Each engine is one file implementing [`LocalEngine`] or [`ProcessGroup`]
+//! (`super::interface`); adding one is that file plus one line here. A non-MPI world engine
+//! (TCP, say) would be one `ProcessGroup` file and one line in [`start_world`].
 //!
 //! Engines see type-erased primitives (`&dyn Any`): each checks the concrete type itself and
 //! declines (`None`) what it does not handle (another backend, a fusion wrapper, a dtype, empty
@@ -16,29 +19,9 @@ use std::any::{Any, TypeId};
 use std::fmt;
 use std::sync::Arc;
 
-use crate::error::{DTensorError, Result};
-use crate::layout::ReduceOp;
-use crate::spmd::ProcessGroup;
-
-/// A fused in-process collective step. Every method returns `None` when the engine does not
-/// apply to these primitives; the default implementations never apply.
-pub(crate) trait LocalEngine: Send + Sync + 'static {
-    /// A short name (`"cubecl-wgpu"`, `"nccl"`): the mesh's `Debug` and equality use it.
-    fn name(&self) -> &'static str;
-    /// The element-wise `op`-reduction of `parts` (same shape, same device) as one primitive.
-    fn reduce(&self, _parts: &[&dyn Any], _op: ReduceOp) -> Option<Box<dyn Any>> {
-        None
-    }
-    /// The concatenation of non-empty `parts` (same device) along `dim`.
-    fn cat(&self, _parts: &[&dyn Any], _dim: usize) -> Option<Box<dyn Any>> {
-        None
-    }
-    /// An all-reduce of `members`, one primitive per member device (distinct devices): each
-    /// member's result, in order.
-    fn all_reduce(&self, _members: &[&dyn Any], _op: ReduceOp) -> Option<Vec<Box<dyn Any>>> {
-        None
-    }
-}
+use super::interface::{LocalEngine, ProcessGroup, ReduceOp};
+use crate::config::{ProcessEngine, try_config};
+use crate::error::Result;
 
 /// The in-process engines of a mesh, tried in order (empty: the generic path only).
 #[derive(Clone, Default)]
@@ -137,23 +120,38 @@ impl std::hash::Hash for LocalEngines {
 pub(crate) type AcrossWrap =
     Arc<dyn Fn(Arc<dyn ProcessGroup>) -> Result<Arc<dyn ProcessGroup>> + Send + Sync>;
 
-/// The cross-process engine for a multi-process mesh whose process holds `devices`:
-/// `BURN_DTENSOR_SPMD_ENGINE` = `mpi` (the default: MPI itself, host memory) or `nccl` (features
-/// `nccl` and `mpi`; CUDA meshes, one device per process: [`super::nccl_process`]). Returns the
-/// engine's name (agreed on by every process with the mesh) and the wrap that makes an axis
-/// group, `None` for MPI's own groups.
+/// Starts the engine of the process world (a multi-process launch, [`crate::spmd::init`]):
+/// MPI (feature `mpi`), which also bootstraps every other cross-process engine.
 ///
 /// # Errors
-/// [`DTensorError::Spmd`] for an unknown engine name, `nccl` without the features, or a mesh
-/// NCCL cannot serve (not CUDA, several devices per process).
+/// [`crate::DTensorError::Spmd`] when MPI fails to start, or in a build without the `mpi` feature
+/// (never reached there: [`crate::spmd::LaunchEnv::joinable`] refuses the launch first).
+pub(crate) fn start_world() -> Result<Arc<dyn ProcessGroup>> {
+    #[cfg(feature = "mpi")]
+    return super::mpi::world();
+    #[cfg(not(feature = "mpi"))]
+    Err(crate::DTensorError::Spmd(
+        "no cross-process engine in this build: rebuild with `--features mpi`".into(),
+    ))
+}
+
+/// The cross-process engine for a multi-process mesh whose process holds `devices`:
+/// [`Config::process_engine`](crate::Config::process_engine) = MPI (the default: MPI itself,
+/// host memory) or NCCL (features `nccl` and `mpi`; CUDA meshes, one device per process:
+/// `super::nccl_process`). Returns the engine's name (agreed on by every process with the mesh)
+/// and the wrap that makes an axis group, `None` for MPI's own groups.
+///
+/// # Errors
+/// [`crate::DTensorError::Spmd`] for NCCL without the features, or a mesh NCCL cannot serve (not
+/// CUDA, several devices per process); [`crate::DTensorError::Config`] for a bad environment.
 pub(crate) fn across_engine<D: 'static>(
     devices: &[D],
 ) -> Result<(&'static str, Option<AcrossWrap>)> {
     let _ = devices;
-    match std::env::var("BURN_DTENSOR_SPMD_ENGINE").as_deref() {
-        Err(_) | Ok("") | Ok("mpi") => Ok(("mpi", None)),
+    match try_config()?.process_engine {
+        ProcessEngine::Mpi => Ok(("mpi", None)),
         #[cfg(all(feature = "nccl", feature = "mpi"))]
-        Ok("nccl") => {
+        ProcessEngine::Nccl => {
             let ordinal = super::nccl_process::ordinal_of(devices)?;
             let wrap: AcrossWrap = Arc::new(move |g| {
                 Ok(Arc::new(super::nccl_process::over(g, ordinal)?) as Arc<dyn ProcessGroup>)
@@ -161,13 +159,10 @@ pub(crate) fn across_engine<D: 'static>(
             Ok(("nccl", Some(wrap)))
         }
         #[cfg(not(all(feature = "nccl", feature = "mpi")))]
-        Ok("nccl") => Err(DTensorError::Spmd(
-            "BURN_DTENSOR_SPMD_ENGINE=nccl: burn-dtensor was built without NCCL across \
+        ProcessEngine::Nccl => Err(crate::DTensorError::Spmd(
+            "the NCCL cross-process engine: burn-dtensor was built without NCCL across \
              processes; rebuild with `--features nccl,mpi`"
                 .into(),
         )),
-        Ok(other) => Err(DTensorError::Spmd(format!(
-            "BURN_DTENSOR_SPMD_ENGINE={other}: unknown engine; use `mpi` (the default) or `nccl`"
-        ))),
     }
 }

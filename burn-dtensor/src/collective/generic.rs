@@ -11,9 +11,9 @@ use burn::tensor::backend::Backend;
 
 use super::across;
 use super::engine::LocalEngines;
+use super::interface::ReduceOp;
 use crate::comm::{self, CollectiveKind};
 use crate::inner::threads_for;
-use crate::layout::ReduceOp;
 use crate::mesh::MeshTopology;
 use crate::ops::dispatch::par_min;
 use crate::shard::chunk;
@@ -146,7 +146,7 @@ fn ordered_chunks<'a, B: Backend, K: Kind<B>>(
 fn reduce_across<B: Backend, K: Kind<B>>(
     shards: &[K::P],
     group: &[usize],
-    pg: Option<&std::sync::Arc<dyn crate::spmd::ProcessGroup>>,
+    pg: Option<&std::sync::Arc<dyn super::interface::ProcessGroup>>,
     topo: &MeshTopology,
     axis: usize,
     op: ReduceOp,
@@ -155,13 +155,13 @@ fn reduce_across<B: Backend, K: Kind<B>>(
     let Some(pg) = pg else {
         return (reduce_group::<B, K>(shards, group, op, &topo.engines), 0);
     };
-    match crate::spmd::reduction() {
-        crate::spmd::Reduction::Ordered => {
+    match crate::config::config().reduction {
+        crate::config::Reduction::Ordered => {
             let members = group.iter().map(|&i| shards[i].clone()).collect();
             let reduce = ordered_chunks::<B, K>(shards, group, op, topo);
             across::all_reduce_ordered::<B, K>(members, pg, topo, axis, global, reduce)
         }
-        crate::spmd::Reduction::Engine => {
+        crate::config::Reduction::Engine => {
             let acc = reduce_group::<B, K>(shards, group, op, &topo.engines);
             across::all_reduce::<B, K>(acc, pg, topo, axis, op, global)
         }
@@ -284,7 +284,7 @@ pub fn reduce_scatter<B: Backend, K: Kind<B>>(
         bytes += (l as u64 - 1) * nbytes(&shards[group[0]]);
         // The reduced block of `dim` this process's members share, and where it starts.
         let (acc, base, b) = match pg {
-            Some(pg) if crate::spmd::reduction() == crate::spmd::Reduction::Ordered => {
+            Some(pg) if crate::config::config().reduction == crate::config::Reduction::Ordered => {
                 let members = group.iter().map(|&i| shards[i].clone()).collect();
                 let reduce = ordered_chunks::<B, K>(shards, &group, op, topo);
                 let (acc, b) = across::reduce_scatter_ordered::<B, K>(

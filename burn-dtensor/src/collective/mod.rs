@@ -7,7 +7,7 @@
 //! current [`CommDebugMode`](crate::CommDebugMode) scope.
 
 //! Two engine interfaces, each engine one file:
-//! - in process, [`engine::LocalEngine`]: the mesh's engines are chosen when it is built
+//! - in process, [`interface::LocalEngine`]: the mesh's engines are chosen when it is built
 //!   ([`engine::LocalEngines::for_device`], the one place that looks at features): with `wgpu`
 //!   or `cuda`, [`cube`] runs the collectives of a group whose shards sit on one device as a
 //!   single CubeCL kernel launch; with `nccl`, [`nccl`] runs sum all-reduces across distinct
@@ -15,7 +15,7 @@
 //!
 //! On a multi-process mesh ([`crate::Mesh::spmd`]) each collective combines the shards of the
 //! process first, then runs its across-process part ([`across`]) on the axis' process group,
-//! whose engine is one file behind the second interface, [`crate::spmd::ProcessGroup`]: `mpi`
+//! whose engine is one file behind the second interface, [`interface::ProcessGroup`]: `mpi`
 //! (feature `mpi`, the default), or `nccl_process` (features `nccl` and `mpi`, CUDA meshes,
 //! `BURN_DTENSOR_SPMD_ENGINE=nccl`), chosen when the mesh is built
 //! ([`engine::across_engine`]).
@@ -27,6 +27,7 @@ pub(crate) mod across;
 pub mod cube;
 pub(crate) mod engine;
 pub mod generic;
+pub(crate) mod interface;
 #[cfg(feature = "mpi")]
 pub(crate) mod mpi;
 #[cfg(all(feature = "cuda", feature = "nccl"))]

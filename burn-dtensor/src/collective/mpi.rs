@@ -2,7 +2,7 @@
 //! crate (rsmpi) over the system's MPI (OpenMPI or MPICH), for tensors in host memory.
 //!
 //! Every call is a non-blocking MPI collective (`MPI_Iallreduce`, `MPI_Iallgatherv`,
-//! `MPI_Ibcast`) polled until it completes or [`collective_timeout`] passes, so a peer that
+//! `MPI_Ibcast`) polled until it completes or [`Config::collective_timeout`](crate::Config::collective_timeout) passes, so a peer that
 //! stops answering ends this process with a message instead of a hang
 //! ([`crate::spmd`]'s fault handling). MPI runs at `MPI_THREAD_SERIALIZED`: one lock orders
 //! every call of the process (rsmpi's communicators are not `Send`; the lock is what makes
@@ -19,9 +19,10 @@ use mpi::request::{Request, Scope, scope};
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
 
+use super::interface::{ProcessGroup, ReduceOp};
+use crate::config::config;
 use crate::error::{DTensorError, Result};
-use crate::layout::ReduceOp;
-use crate::spmd::{ProcessGroup, collective_failed, collective_timeout};
+use crate::fault::collective_failed;
 
 /// Orders every MPI call of the process (`MPI_THREAD_SERIALIZED`).
 static LOCK: Mutex<()> = Mutex::new(());
@@ -82,7 +83,7 @@ pub(crate) fn world() -> Result<Arc<dyn ProcessGroup>> {
 
 /// Polls `req` until it completes; past the timeout, ends the process naming `what`.
 fn wait<'a, R: ?Sized, S: Scope<'a>>(mut req: Request<'a, R, S>, what: &str, members: &[usize]) {
-    let timeout = collective_timeout();
+    let timeout = config().collective_timeout;
     let start = Instant::now();
     let mut polls = 0u32;
     loop {

@@ -20,8 +20,8 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::cuda::CudaRuntime;
 
-use super::engine::LocalEngine;
-use crate::layout::ReduceOp;
+use super::interface::LocalEngine;
+use super::interface::ReduceOp;
 
 /// The Cuda backend type whose `all_reduce` is called (its element generics do not matter: the
 /// collective uses each tensor's own dtype).

@@ -16,7 +16,7 @@
 //! that a device-buffer interface would not (the next step, with zero-copy MPI). Uneven
 //! all-gathers are padded to the largest count (NCCL's all-gather is even). Dtypes NCCL lacks
 //! (f16 / bf16 without cudarc's `f16` feature, flex32, quantized) go through the bootstrap
-//! group instead. Every wait polls a CUDA event against [`collective_timeout`] and ends the
+//! group instead. Every wait polls a CUDA event against [`Config::collective_timeout`](crate::Config::collective_timeout) and ends the
 //! process naming the collective on expiry, as the MPI engine does.
 //!
 //! Status: type-checked in CI (`cargo clippy -p burn-dtensor --features nccl,mpi`); not run, as
@@ -31,9 +31,10 @@ use burn::tensor::DType;
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 use cudarc::nccl::{result as nccl, sys};
 
+use super::interface::{ProcessGroup, ReduceOp};
+use crate::config::config;
 use crate::error::{DTensorError, Result};
-use crate::layout::ReduceOp;
-use crate::spmd::{ProcessGroup, collective_failed, collective_timeout};
+use crate::fault::collective_failed;
 
 /// An NCCL communicator handle.
 struct Comm(sys::ncclComm_t);
@@ -127,13 +128,13 @@ fn nccl_type(dtype: DType) -> Option<(sys::ncclDataType_t, usize)> {
 }
 
 impl NcclGroup {
-    /// Waits for the work enqueued on the stream, at most [`collective_timeout`].
+    /// Waits for the work enqueued on the stream, at most [`Config::collective_timeout`](crate::Config::collective_timeout).
     fn wait(&self, what: &str) {
         let event = self
             .stream
             .record_event(None)
             .unwrap_or_else(|e| panic!("burn-dtensor: NCCL {what}: recording an event: {e:?}"));
-        let timeout = collective_timeout();
+        let timeout = config().collective_timeout;
         let start = Instant::now();
         loop {
             match event.try_is_complete() {

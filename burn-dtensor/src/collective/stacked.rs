@@ -7,8 +7,8 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Shape, Slice, TensorMetadata};
 
+use super::interface::ReduceOp;
 use crate::comm::{self, CollectiveKind};
-use crate::layout::ReduceOp;
 use crate::mesh::MeshTopology;
 use crate::tensor::Kind;
 

@@ -6,11 +6,11 @@ use burn::tensor::{Slice, TensorData, TensorMetadata};
 
 use super::dispatch::{self, is_solo, only, run_n, run1, run2, run2_weighted, run3, solo_map};
 use crate::layout::Layout;
+use crate::layout::local_ranges;
 use crate::mesh::Mesh;
 use crate::redistribute::execute_stacked;
 use crate::rules::pointwise::{Linearity, broadcast_shape, nary};
 use crate::rules::{self, Strategy, fallback, index, reduce, view};
-use crate::shard::local_ranges;
 use crate::stack::{self, At};
 use crate::tensor::{DTensor, Kind};
 use crate::{DistributedDevice, host};
@@ -284,7 +284,7 @@ where
     // gathered on both operands and the whole matmul computed once per process: the one-process
     // run's arithmetic, bitwise, and fewer bytes than gathering every partial product.
     if lhs.layout.mesh.multi
-        && crate::spmd::reduction() == crate::spmd::Reduction::Ordered
+        && crate::config::config().reduction == crate::config::Reduction::Ordered
         && one_process_contracts()
     {
         let g = rules::matmul::gathered_contraction(&s);

@@ -50,15 +50,11 @@ pub(crate) fn dedupe_plan<D: PartialEq>(layouts: &[&Layout], devices: &[D]) -> V
 /// Default 256 Ki (1 MiB of f32 per shard). Measured on a 2-core machine (NOTES.md): at 16 Ki,
 /// the IMDB step's `[1200, 48]` per-shard gradients and their sums ran on the pool and the
 /// data-parallel step took 1.62 ms against 1.27 ms serial; the 20000 -> 4096 MLP's shards
-/// (millions of elements) gain 1.6x from the pool. Override with `BURN_DTENSOR_PAR_MIN`.
+/// (millions of elements) gain 1.6x from the pool.
+/// [`Config::parallel_min_elements`](crate::Config::parallel_min_elements) (or
+/// `BURN_DTENSOR_PAR_MIN`).
 pub(crate) fn par_min() -> usize {
-    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        std::env::var("BURN_DTENSOR_PAR_MIN")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(256 * 1024)
-    })
+    crate::config::config().parallel_min_elements
 }
 
 /// Multiply-adds of a matmul worth one element of element-wise work in [`par_min`]'s count
@@ -455,7 +451,7 @@ pub fn create<B: Backend, K: Kind<B>>(
     let n = shape.iter().product();
     let at: Vec<(B::Device, Vec<usize>)> = (0..mesh.devices().len())
         .map(|j| {
-            let local = crate::shard::local_shape(&layout, &shape, layout.mesh.global(j));
+            let local = crate::layout::local_shape(&layout, &shape, layout.mesh.global(j));
             (mesh.devices()[j].clone(), local)
         })
         .collect();
@@ -473,7 +469,7 @@ pub fn create_from_host<B: Backend, K: Kind<B>>(
     upload: impl Fn(burn::tensor::TensorData, &B::Device) -> K::P + Sync,
 ) -> DTensor<K::P> {
     let layout = crate::creation::layout_for(mesh.topology(), &shape);
-    let ranges = |j: usize| crate::shard::local_ranges(&layout, &shape, layout.mesh.global(j));
+    let ranges = |j: usize| crate::layout::local_ranges(&layout, &shape, layout.mesh.global(j));
     if !layout.is_replicated() && holds_stacked::<B>(&layout, &shape) {
         // The representative shards, row-major over the used axes, are the stacked buffer.
         let mut bytes = Vec::new();

@@ -6,7 +6,6 @@
 
 use super::{Strategy, along_dims};
 use crate::layout::{Layout, ReduceOp};
-use crate::shard;
 
 /// Sum/mean over `dim` (rank kept, `dim` becomes size 1).
 pub fn sum_dim(l: &Layout, dim: usize) -> Strategy {
@@ -16,7 +15,7 @@ pub fn sum_dim(l: &Layout, dim: usize) -> Strategy {
 /// Max (`ReduceOp::Max`) or min over `dim`: partial max/min when the dim is sharded and no
 /// shard is empty, else the dim is gathered first.
 pub fn extremum_dim(l: &Layout, shape: &[usize], dim: usize, op: ReduceOp) -> Strategy {
-    if shard::has_empty_shard(l, shape) {
+    if crate::layout::has_empty_shard(l, shape) {
         return along_dims(l, &[dim]);
     }
     reduce_dim(l, dim, op)
@@ -43,7 +42,7 @@ fn reduce_dim(l: &Layout, dim: usize, op: ReduceOp) -> Strategy {
 
 /// Reduction of all elements to shape `[1]`: every sharding axis becomes pending.
 pub fn reduce_all(l: &Layout, shape: &[usize], op: ReduceOp) -> Strategy {
-    if op != ReduceOp::Sum && shard::has_empty_shard(l, shape) {
+    if op != ReduceOp::Sum && crate::layout::has_empty_shard(l, shape) {
         let r = l
             .without_partial()
             .delete(&(0..l.rank()).collect::<Vec<_>>());

@@ -99,7 +99,7 @@ impl LaunchEnv {
     /// # Errors
     /// As [`LaunchEnv::detect`].
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
-        let host = super::hostname;
+        let host = crate::fault::hostname;
         let evidence = std::cell::RefCell::new(Vec::new());
         let num = |k: &str| -> Result<Option<usize>> {
             let Some(v) = get(k) else { return Ok(None) };

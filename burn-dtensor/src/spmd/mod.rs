@@ -18,20 +18,12 @@
 //! cannot join (no `mpi` feature, torchrun, variables set by hand) is an error, never a
 //! process training alone as one of several copies.
 //!
-//! # Faults: one policy
-//! A job ends as a whole, through [`abort_job`] (`MPI_Abort`: the launcher ends every rank at
-//! once), in exactly three cases, each printing on the failing rank a message that names it:
-//! - the application calls it on an error or a panic of one rank (the examples do, for every
-//!   error after start-up; [`init`] installs a panic hook that does it in a multi-process
-//!   world), so the other ranks do not wait for a peer that will never come;
-//! - a cross-process collective waits longer than [`collective_timeout`] (default 30 s,
-//!   `BURN_DTENSOR_COLLECTIVE_TIMEOUT_S`): the message names the collective, the mesh axis and
-//!   the peers that are stopped or gone, and the exit status is [`TIMEOUT_EXIT_CODE`] (a
-//!   collective runs inside a Burn op, which cannot return an error);
-//! - joining the world takes longer than that timeout (a rank that never joins).
-//!
-//! Otherwise the library returns errors. A rank that dies makes the launcher end the job at
-//! once, naming that rank.
+//! # Faults
+//! A fault the job cannot continue from (a timed-out collective or start-up, a panic in a
+//! multi-process world, [`abort_job`]) ends the whole job through one policy, documented in
+//! `fault.rs`: `MPI_Abort` through the engine, so the launcher ends every rank at once, with a
+//! message naming the rank and the cause. Otherwise the library returns errors; a rank that
+//! dies makes the launcher end the job at once, naming that rank.
 
 use std::collections::hash_map::DefaultHasher;
 use std::fmt;
@@ -39,116 +31,17 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use burn::tensor::DType;
-
+use crate::collective::engine::AcrossWrap;
+use crate::config::try_config;
 use crate::error::{DTensorError, Result};
-use crate::layout::ReduceOp;
+use crate::fault::{Peer, end_job, hostname, install_panic_hook, world_group};
 
 mod launch_env;
+pub use crate::collective::interface::ProcessGroup;
+pub use crate::config::Reduction;
+pub use crate::fault::TIMEOUT_EXIT_CODE;
 pub use crate::inner::exclusive_device;
 pub use launch_env::{LaunchEnv, LaunchSource};
-
-/// Exit status of a job whose cross-process collective (or start-up) timed out.
-pub const TIMEOUT_EXIT_CODE: i32 = 75;
-
-/// A group of processes that run collectives together: the world, or the processes along one
-/// mesh axis. Implemented once per engine ([`crate::collective`]'s `mpi` for MPI; a world of one
-/// process needs none). Buffers are host bytes: the element-wise reduction needs `dtype`, the
-/// other collectives move bytes.
-///
-/// A collective that does not complete within [`collective_timeout`] ends the process with a
-/// message naming the operation `what` and the missing peers (see the module docs): the methods
-/// return only on success.
-pub trait ProcessGroup: Send + Sync {
-    /// This process's rank in the group (`0..size`).
-    fn rank(&self) -> usize;
-    /// Number of processes in the group.
-    fn size(&self) -> usize;
-    /// The world ranks of the members, in group rank order (for diagnostics).
-    fn world_ranks(&self) -> &[usize];
-    /// The name of the engine (`mpi`).
-    fn engine(&self) -> &'static str;
-    /// Splits the group: processes passing equal `color` form a sub-group, ranked by `key`.
-    /// Collective: every member calls it, in the same order.
-    fn split(&self, color: usize, key: usize) -> Arc<dyn ProcessGroup>;
-    /// In place, the element-wise `op`-reduction of every member's `buf` (elements of `dtype`;
-    /// bool is one byte per element, reduced as or/and).
-    fn all_reduce(&self, buf: &mut [u8], dtype: DType, op: ReduceOp, what: &str);
-    /// The concatenation, in rank order, of every member's `send`, written into `recv` (of
-    /// `counts.iter().sum()` bytes); member `r` sends `counts[r]` bytes (uneven and empty parts
-    /// allowed). The caller allocates `recv`, so that it can be aligned for the elements it
-    /// receives ([`crate::host::HostBuffer`]) and become a tensor without a copy.
-    fn all_gather_into(&self, send: &[u8], counts: &[usize], recv: &mut [u8], what: &str);
-    /// [`ProcessGroup::all_gather_into`] into a new byte buffer.
-    fn all_gather(&self, send: &[u8], counts: &[usize], what: &str) -> Vec<u8> {
-        let mut recv = vec![0u8; counts.iter().sum()];
-        self.all_gather_into(send, counts, &mut recv, what);
-        recv
-    }
-    /// The personalised exchange: member `r` receives, from every member `q` in rank order,
-    /// the part of `q`'s `send` addressed to `r`. `send` holds this member's parts for members
-    /// `0..size` back to back, `send_counts[r]` bytes for member `r`; `recv_counts[q]` is what
-    /// `q` sends here (uneven and empty parts allowed). The received parts are written back to
-    /// back into `recv` (of `recv_counts.iter().sum()` bytes, allocated by the caller).
-    ///
-    /// The default moves every member's whole `send` to everyone (an all-gather of the counts,
-    /// then of the buffers): correct, `size` times the bytes; engines with a native all-to-all
-    /// (MPI's `MPI_Alltoallv`) override it.
-    fn all_to_all_into(
-        &self,
-        send: &[u8],
-        send_counts: &[usize],
-        recv_counts: &[usize],
-        recv: &mut [u8],
-        what: &str,
-    ) {
-        let n = self.size();
-        let mine: Vec<u8> = send_counts
-            .iter()
-            .flat_map(|c| (*c as u64).to_le_bytes())
-            .collect();
-        let counts = self.all_gather(&mine, &vec![8 * n; n], what);
-        let count = |q: usize, r: usize| {
-            let at = (q * n + r) * 8;
-            u64::from_le_bytes(counts[at..at + 8].try_into().unwrap()) as usize
-        };
-        let totals: Vec<usize> = (0..n).map(|q| (0..n).map(|r| count(q, r)).sum()).collect();
-        let all = self.all_gather(send, &totals, what);
-        let (me, mut at, mut base) = (self.rank(), 0, 0);
-        for q in 0..n {
-            let off: usize = (0..me).map(|r| count(q, r)).sum();
-            let c = count(q, me);
-            debug_assert_eq!(c, recv_counts[q]);
-            recv[at..at + c].copy_from_slice(&all[base + off..base + off + c]);
-            at += c;
-            base += totals[q];
-        }
-    }
-    /// [`ProcessGroup::all_to_all_into`] into a new byte buffer.
-    fn all_to_all(
-        &self,
-        send: &[u8],
-        send_counts: &[usize],
-        recv_counts: &[usize],
-        what: &str,
-    ) -> Vec<u8> {
-        let mut recv = vec![0u8; recv_counts.iter().sum()];
-        self.all_to_all_into(send, send_counts, recv_counts, &mut recv, what);
-        recv
-    }
-    /// Gives every member the `buf` of member `root` (all pass buffers of the same length).
-    fn broadcast(&self, buf: &mut [u8], root: usize, what: &str);
-    /// Ends every process of the job with exit status `code` (`MPI_Abort` on the world): the
-    /// engine's part of [`abort_job`]. Never returns.
-    fn abort(&self, code: i32) -> !;
-}
-
-/// Where each rank of the world runs, exchanged at start-up (for fault messages).
-#[derive(Clone, Debug)]
-pub(crate) struct Peer {
-    pub(crate) host: String,
-    pub(crate) pid: u32,
-}
 
 /// The processes of this SPMD run. [`init`] gives it.
 pub struct World {
@@ -362,10 +255,6 @@ impl World {
 }
 
 static WORLD: OnceLock<std::result::Result<World, DTensorError>> = OnceLock::new();
-/// The world group as soon as the engine has started, before [`WORLD`] is set: what
-/// [`abort_job`] ends the job through when a fault hits during the rest of start-up (where
-/// calling [`init`] again would re-enter its initialisation).
-static STARTED: OnceLock<Arc<dyn ProcessGroup>> = OnceLock::new();
 /// Set when [`init`] is entered: from then on [`abort_job`] never calls it (it is running, so a
 /// call would re-enter it, or it has finished and [`WORLD`] holds its outcome).
 static INIT_ENTERED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -390,7 +279,7 @@ pub fn init() -> Result<&'static World> {
             launch.joinable()?;
             let group = if launch.is_multi_process() {
                 let g = start_watched(&launch)?;
-                let _ = STARTED.set(g.clone());
+                crate::fault::started(g.clone());
                 if launch.size.is_some_and(|s| s != g.size()) {
                     return Err(launch.world_mismatch(g.size()));
                 }
@@ -410,6 +299,7 @@ pub fn init() -> Result<&'static World> {
                     exchange_peers(g.as_ref(), &me)
                 }
             };
+            crate::fault::set_peers(peers.clone());
             Ok(World {
                 group,
                 launch,
@@ -420,91 +310,41 @@ pub fn init() -> Result<&'static World> {
         .map_err(Clone::clone)
 }
 
-/// The world if [`init`] has already joined it (never starts one).
-fn joined() -> Option<&'static World> {
-    WORLD.get().and_then(|w| w.as_ref().ok())
-}
-
 /// Ends the whole SPMD job: prints `message` on standard error as
 /// `burn-dtensor [rank R of N, pid P on HOST]: MESSAGE`, then ends every process with exit
-/// status `code` (`code` 0 becomes 1): through the engine's abort (`MPI_Abort`, after which the
-/// launcher stops every rank within about a second) in a multi-process world, else by
-/// [`std::process::exit`]. A process launched as one of several that has not joined the world
-/// yet joins it first (bounded by [`collective_timeout`]), so its peers, which are joining or
-/// already past start-up, are ended too rather than left waiting.
+/// status `code` (`code` 0 becomes 1) through the engine's abort (`MPI_Abort`, after which the
+/// launcher stops every rank within about a second). A process launched as one of several that
+/// has not joined the world yet joins it first (bounded by
+/// [`Config::collective_timeout`](crate::Config::collective_timeout)), so its peers, which are
+/// joining or already past start-up, are ended too rather than left waiting.
 ///
-/// This is the fault policy of the module docs: the library calls it only for a timed-out
-/// collective or start-up; applications call it for their own errors after start-up.
+/// For the application's own errors after start-up (the library ends a job only through the
+/// fault policy of the module docs). In a world of one process there is no job to end across
+/// processes: the process aborts ([`std::process::abort`]); an application that wants its own
+/// exit status there returns it from `main` instead (the examples' `finish` does).
 pub fn abort_job(message: &str, code: i32) -> ! {
-    let code = if code == 0 { 1 } else { code };
-    let group = joined()
-        .and_then(World::group)
-        .or_else(|| STARTED.get())
-        .cloned()
-        .or_else(|| {
-            // Not started: join first (unless this is start-up itself failing), so that the
-            // peers are ended too.
-            if INIT_ENTERED.load(std::sync::atomic::Ordering::Acquire) {
-                return None;
-            }
-            LaunchEnv::detect()
-                .ok()
-                .filter(|l| l.is_multi_process() && l.joinable().is_ok())
-                .and_then(|_| init().ok())
-                .and_then(World::group)
-                .cloned()
-        });
-    let who = match &group {
-        Some(g) => format!(
-            "rank {} of {}, pid {} on {}",
-            g.rank(),
-            g.size(),
-            std::process::id(),
-            hostname()
-        ),
-        None => format!("pid {}", std::process::id()),
-    };
-    write_line(&format!("burn-dtensor [{who}]: {message}"));
-    match group {
-        Some(g) => g.abort(code),
-        None => std::process::exit(code),
-    }
-}
-
-/// Writes `line` and a newline to stderr in one `write` call. `eprintln!` writes each piece of
-/// its format separately, and `mpirun` forwards a rank's stderr in the chunks it reads: its own
-/// abort banner could land between the pieces of a message that ends the job.
-fn write_line(line: &str) {
-    use std::io::Write;
-    let mut stderr = std::io::stderr().lock();
-    let _ = stderr.write_all(format!("{line}\n").as_bytes());
-    let _ = stderr.flush();
-}
-
-/// In a multi-process world, a panic on any thread ends the job after the usual panic message
-/// ([`abort_job`]), instead of leaving the peers waiting in their next collective.
-fn install_panic_hook() {
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        previous(info);
-        let at = info
-            .location()
-            .map_or(String::new(), |l| format!(" at {}:{}", l.file(), l.line()));
-        let what = info
-            .payload()
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| info.payload().downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        abort_job(&format!("error: panicked{at}: {what}; ending the job"), 101);
-    }));
+    let group = world_group().or_else(|| {
+        // Not started: join first (unless this is start-up itself failing), so that the
+        // peers are ended too.
+        if INIT_ENTERED.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        LaunchEnv::detect()
+            .ok()
+            .filter(|l| l.is_multi_process() && l.joinable().is_ok())
+            .and_then(|_| init().ok())
+            .and_then(World::group)
+            .cloned()
+    });
+    end_job(group, message, code)
 }
 
 /// The engine's start-up under the collective timeout. Joining the world (`MPI_Init`) waits for
 /// every process of it, so a process that never joins (not started, stuck or dead before
 /// joining; one that dies, `mpirun` reports at once) would hold the others forever: past
-/// [`collective_timeout`] this process prints which rank it is, the world size and what it was
-/// waiting for, and exits with [`TIMEOUT_EXIT_CODE`].
+/// [`Config::collective_timeout`](crate::Config::collective_timeout) this process prints which
+/// rank it is, the world size and what it was waiting for, and aborts (the fault policy of
+/// `fault.rs`: no engine yet to end the job through).
 fn start_watched(launch: &LaunchEnv) -> Result<Arc<dyn ProcessGroup>> {
     let (rank, size) = (
         launch.rank,
@@ -513,7 +353,7 @@ fn start_watched(launch: &LaunchEnv) -> Result<Arc<dyn ProcessGroup>> {
     use std::sync::atomic::{AtomicBool, Ordering};
     let done = Arc::new(AtomicBool::new(false));
     let seen = done.clone();
-    let timeout = collective_timeout();
+    let timeout = try_config()?.collective_timeout;
     std::thread::spawn(move || {
         let start = std::time::Instant::now();
         while start.elapsed() < timeout {
@@ -523,43 +363,19 @@ fn start_watched(launch: &LaunchEnv) -> Result<Arc<dyn ProcessGroup>> {
             std::thread::sleep(Duration::from_millis(10));
         }
         if !seen.load(Ordering::Acquire) {
-            write_line(&format!(
-                "burn-dtensor: rank {rank} of {size}: the SPMD world did not start within {:.1} s \
-                 (joining waits for every process): at least one of the {size} processes never \
-                 joined (not started, stuck, or dead before joining); raise \
-                 BURN_DTENSOR_COLLECTIVE_TIMEOUT_S if start-up is slow",
+            let message = format!(
+                "rank {rank} of {size}: the SPMD world did not start within {:.1} s (joining \
+                 waits for every process): at least one of the {size} processes never joined \
+                 (not started, stuck, or dead before joining); raise the collective timeout \
+                 (BURN_DTENSOR_COLLECTIVE_TIMEOUT_S) if start-up is slow",
                 timeout.as_secs_f64()
-            ));
-            // MPI is not usable: nothing to abort through, and no exit handler may run (the
-            // MPI finaliser would wait for the world).
-            // SAFETY: `_exit` has no preconditions.
-            unsafe { libc::_exit(TIMEOUT_EXIT_CODE) };
+            );
+            end_job(None, &message, TIMEOUT_EXIT_CODE);
         }
     });
-    let group = engine();
+    let group = crate::collective::engine::start_world();
     done.store(true, Ordering::Release);
     group
-}
-
-#[cfg(feature = "mpi")]
-fn engine() -> Result<Arc<dyn ProcessGroup>> {
-    crate::collective::mpi::world()
-}
-
-#[cfg(not(feature = "mpi"))]
-fn engine() -> Result<Arc<dyn ProcessGroup>> {
-    // `LaunchEnv::joinable` refused the launch before this is reached.
-    LaunchEnv::detect()?.joinable()?;
-    Err(DTensorError::Spmd(
-        "no cross-process engine in this build".into(),
-    ))
-}
-
-/// This machine's host name (`?` when unreadable).
-pub(crate) fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "?".into())
 }
 
 /// Every member's `mine` (any length), in rank order: the lengths, then the bytes (two
@@ -594,120 +410,6 @@ fn exchange_peers(g: &dyn ProcessGroup, me: &Peer) -> Vec<Peer> {
             }
         })
         .collect()
-}
-
-/// How a cross-process all-reduce (and the reduction of a reduce-scatter) combines the processes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reduction {
-    /// Every shard of the group reaches every process, which reduces them in mesh coordinate
-    /// order as a single process holding the whole mesh does; and a matmul that one process
-    /// would contract over a sharded dim in one go (the stacked deferred partial products, see
-    /// `stack::contracts`) gathers that dim of both operands and computes the same matmul.
-    /// Results are those of the one-process run whatever the process count (measured bitwise
-    /// on the IMDB model in f32, 2, 4 and 8 processes, three modes), and equal on every rank.
-    /// Moves each process's shards to all others (`k/2` times the engine's all-reduce bytes for
-    /// `k` positions along the axis). The default: the promise that a layout never changes the
-    /// result holds to the bit across process counts.
-    Ordered,
-    /// The shards of a process are reduced in process, then the processes through the engine's
-    /// all-reduce (`MPI_Iallreduce`): the engine's bandwidth, with sums rounded in the order of
-    /// the engine's algorithm. `BURN_DTENSOR_SPMD_REDUCTION=engine`.
-    Engine,
-}
-
-static REDUCTION: Mutex<Option<Reduction>> = Mutex::new(None);
-
-/// The [`Reduction`] in force: [`set_reduction`], else `BURN_DTENSOR_SPMD_REDUCTION`
-/// (`ordered` or `engine`), else [`Reduction::Ordered`]. Every process must use the same.
-pub fn reduction() -> Reduction {
-    if let Some(r) = *REDUCTION.lock().unwrap() {
-        return r;
-    }
-    match std::env::var("BURN_DTENSOR_SPMD_REDUCTION").as_deref() {
-        Ok("engine") => Reduction::Engine,
-        _ => Reduction::Ordered,
-    }
-}
-
-/// Sets [`reduction`] for this process (every process must choose the same).
-pub fn set_reduction(r: Reduction) {
-    *REDUCTION.lock().unwrap() = Some(r);
-}
-
-static TIMEOUT: Mutex<Option<Duration>> = Mutex::new(None);
-
-/// How long a cross-process collective may wait for its peers before the process ends with a
-/// message naming the missing ranks: [`set_collective_timeout`], else
-/// `BURN_DTENSOR_COLLECTIVE_TIMEOUT_S` (seconds, fractions allowed), else 30 s.
-pub fn collective_timeout() -> Duration {
-    if let Some(t) = *TIMEOUT.lock().unwrap() {
-        return t;
-    }
-    std::env::var("BURN_DTENSOR_COLLECTIVE_TIMEOUT_S")
-        .ok()
-        .and_then(|v| v.parse::<f64>().ok())
-        .filter(|s| *s > 0.0 && s.is_finite())
-        .map_or(Duration::from_secs(30), Duration::from_secs_f64)
-}
-
-/// Sets [`collective_timeout`] for this process.
-pub fn set_collective_timeout(t: Duration) {
-    *TIMEOUT.lock().unwrap() = Some(t);
-}
-
-/// Ends the job ([`abort_job`], status [`TIMEOUT_EXIT_CODE`]) after a cross-process
-/// collective `what` over the world ranks `members` waited `waited` without completing. The
-/// message names the peers on this host that are stopped, and only those when there are any
-/// (they are the cause: a peer that exited at the same moment may have ended on this same
-/// timeout); else the peers that have exited; else says every peer is running.
-#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
-pub(crate) fn collective_failed(what: &str, members: &[usize], waited: Duration) -> ! {
-    let world = joined();
-    let me = world.map_or(0, World::rank);
-    let here = hostname();
-    let (mut stopped, mut exited, mut elsewhere) = (Vec::new(), Vec::new(), Vec::new());
-    if let Some(w) = world {
-        for &r in members.iter().filter(|&&r| r != me) {
-            let Some(p) = w.peers.get(r) else { continue };
-            if p.host != here {
-                elsewhere.push(format!("rank {r} (pid {} on {})", p.pid, p.host));
-                continue;
-            }
-            let state = std::fs::read_to_string(format!("/proc/{}/stat", p.pid))
-                .ok()
-                .and_then(|stat| {
-                    let (_, rest) = stat.rsplit_once(") ")?;
-                    rest.chars().next()
-                });
-            match state {
-                None | Some('Z' | 'X') => exited.push(format!("rank {r} (pid {})", p.pid)),
-                Some('T' | 't') => stopped.push(format!("rank {r} (pid {}) is stopped", p.pid)),
-                _ => {}
-            }
-        }
-    }
-    let diagnosis = if !stopped.is_empty() {
-        stopped.join(", ")
-    } else if !exited.is_empty() {
-        format!("{} exited without reaching it", exited.join(", "))
-    } else if !elsewhere.is_empty() {
-        format!(
-            "the peers on this host are running; on other hosts: {}",
-            elsewhere.join(", ")
-        )
-    } else {
-        format!(
-            "every peer of ranks {members:?} is still running: one of them has not reached this collective (a hung step, or processes running different programs)"
-        )
-    };
-    abort_job(
-        &format!(
-            "error: {what} did not complete within {:.1} s: {diagnosis}. Raise \
-             BURN_DTENSOR_COLLECTIVE_TIMEOUT_S if the peers are only slow.",
-            waited.as_secs_f64()
-        ),
-        TIMEOUT_EXIT_CODE,
-    )
 }
 
 /// How a mesh's positions are split over the processes of the world: per mesh axis the number
@@ -784,7 +486,7 @@ pub(crate) fn grid(
     local: usize,
     world: &World,
     device_type: &'static str,
-    (engine, wrap): (&'static str, Option<crate::collective::engine::AcrossWrap>),
+    (engine, wrap): (&'static str, Option<AcrossWrap>),
 ) -> Result<ProcessGrid> {
     let key = (axes.to_vec(), local, engine);
     if let Some((_, g)) = GRIDS.lock().unwrap().iter().find(|(k, _)| *k == key) {
@@ -806,7 +508,7 @@ pub(crate) fn grid(
             ("devices per process", local.to_string()),
             ("device type", device_type.to_string()),
             ("cross-process engine", engine.to_string()),
-            ("reduction", format!("{:?}", reduction())),
+            ("reduction", format!("{:?}", try_config()?.reduction)),
         ],
     )?;
     let err = |reason: String| DTensorError::ProcessGrid {

@@ -1,0 +1,137 @@
+//! The two interfaces a collective engine implements, and the reduction they apply: a leaf
+//! module (it imports nothing of the crate but its error type), so that the engines, the mesh,
+//! the layouts and the SPMD world all depend on it and never on each other through it.
+//!
+//! - [`LocalEngine`]: a fused in-process step over the shards of one group that a process holds
+//!   (CubeCL kernels, NCCL across the CUDA devices of one process), chosen per mesh in
+//!   `collective/engine.rs`.
+//! - [`ProcessGroup`]: the processes along one mesh axis (MPI, NCCL across processes), chosen
+//!   in the same file when a multi-process mesh is built.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use burn::tensor::DType;
+
+/// The reduction a partial result is waiting for along one mesh axis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// The global value is the sum of the devices' values.
+    Sum,
+    /// The global value is the element-wise maximum.
+    Max,
+    /// The global value is the element-wise minimum.
+    Min,
+}
+
+/// A fused in-process collective step. Every method returns `None` when the engine does not
+/// apply to these primitives; the default implementations never apply.
+pub(crate) trait LocalEngine: Send + Sync + 'static {
+    /// A short name (`"cubecl-wgpu"`, `"nccl"`): the mesh's `Debug` and equality use it.
+    fn name(&self) -> &'static str;
+    /// The element-wise `op`-reduction of `parts` (same shape, same device) as one primitive.
+    fn reduce(&self, _parts: &[&dyn Any], _op: ReduceOp) -> Option<Box<dyn Any>> {
+        None
+    }
+    /// The concatenation of non-empty `parts` (same device) along `dim`.
+    fn cat(&self, _parts: &[&dyn Any], _dim: usize) -> Option<Box<dyn Any>> {
+        None
+    }
+    /// An all-reduce of `members`, one primitive per member device (distinct devices): each
+    /// member's result, in order.
+    fn all_reduce(&self, _members: &[&dyn Any], _op: ReduceOp) -> Option<Vec<Box<dyn Any>>> {
+        None
+    }
+}
+
+/// A group of processes that run collectives together: the world, or the processes along one
+/// mesh axis. Implemented once per engine (`collective/mpi.rs` for MPI, `collective/nccl_process.rs`
+/// for NCCL; a world of one process needs none). Buffers are host bytes: the element-wise reduction needs `dtype`, the
+/// other collectives move bytes.
+///
+/// A collective that does not complete within [`Config::collective_timeout`](crate::Config::collective_timeout) ends the job with a
+/// message naming the operation `what` and the missing peers ([`crate::spmd`]'s fault policy):
+/// the methods return only on success.
+pub trait ProcessGroup: Send + Sync {
+    /// This process's rank in the group (`0..size`).
+    fn rank(&self) -> usize;
+    /// Number of processes in the group.
+    fn size(&self) -> usize;
+    /// The world ranks of the members, in group rank order (for diagnostics).
+    fn world_ranks(&self) -> &[usize];
+    /// The name of the engine (`mpi`).
+    fn engine(&self) -> &'static str;
+    /// Splits the group: processes passing equal `color` form a sub-group, ranked by `key`.
+    /// Collective: every member calls it, in the same order.
+    fn split(&self, color: usize, key: usize) -> Arc<dyn ProcessGroup>;
+    /// In place, the element-wise `op`-reduction of every member's `buf` (elements of `dtype`;
+    /// bool is one byte per element, reduced as or/and).
+    fn all_reduce(&self, buf: &mut [u8], dtype: DType, op: ReduceOp, what: &str);
+    /// The concatenation, in rank order, of every member's `send`, written into `recv` (of
+    /// `counts.iter().sum()` bytes); member `r` sends `counts[r]` bytes (uneven and empty parts
+    /// allowed). The caller allocates `recv`, so that it can be aligned for the elements it
+    /// receives (`crate::host::HostBuffer`) and become a tensor without a copy.
+    fn all_gather_into(&self, send: &[u8], counts: &[usize], recv: &mut [u8], what: &str);
+    /// [`ProcessGroup::all_gather_into`] into a new byte buffer.
+    fn all_gather(&self, send: &[u8], counts: &[usize], what: &str) -> Vec<u8> {
+        let mut recv = vec![0u8; counts.iter().sum()];
+        self.all_gather_into(send, counts, &mut recv, what);
+        recv
+    }
+    /// The personalised exchange: member `r` receives, from every member `q` in rank order,
+    /// the part of `q`'s `send` addressed to `r`. `send` holds this member's parts for members
+    /// `0..size` back to back, `send_counts[r]` bytes for member `r`; `recv_counts[q]` is what
+    /// `q` sends here (uneven and empty parts allowed). The received parts are written back to
+    /// back into `recv` (of `recv_counts.iter().sum()` bytes, allocated by the caller).
+    ///
+    /// The default moves every member's whole `send` to everyone (an all-gather of the counts,
+    /// then of the buffers): correct, `size` times the bytes; engines with a native all-to-all
+    /// (MPI's `MPI_Alltoallv`) override it.
+    fn all_to_all_into(
+        &self,
+        send: &[u8],
+        send_counts: &[usize],
+        recv_counts: &[usize],
+        recv: &mut [u8],
+        what: &str,
+    ) {
+        let n = self.size();
+        let mine: Vec<u8> = send_counts
+            .iter()
+            .flat_map(|c| (*c as u64).to_le_bytes())
+            .collect();
+        let counts = self.all_gather(&mine, &vec![8 * n; n], what);
+        let count = |q: usize, r: usize| {
+            let at = (q * n + r) * 8;
+            u64::from_le_bytes(counts[at..at + 8].try_into().unwrap()) as usize
+        };
+        let totals: Vec<usize> = (0..n).map(|q| (0..n).map(|r| count(q, r)).sum()).collect();
+        let all = self.all_gather(send, &totals, what);
+        let (me, mut at, mut base) = (self.rank(), 0, 0);
+        for q in 0..n {
+            let off: usize = (0..me).map(|r| count(q, r)).sum();
+            let c = count(q, me);
+            debug_assert_eq!(c, recv_counts[q]);
+            recv[at..at + c].copy_from_slice(&all[base + off..base + off + c]);
+            at += c;
+            base += totals[q];
+        }
+    }
+    /// [`ProcessGroup::all_to_all_into`] into a new byte buffer.
+    fn all_to_all(
+        &self,
+        send: &[u8],
+        send_counts: &[usize],
+        recv_counts: &[usize],
+        what: &str,
+    ) -> Vec<u8> {
+        let mut recv = vec![0u8; recv_counts.iter().sum()];
+        self.all_to_all_into(send, send_counts, recv_counts, &mut recv, what);
+        recv
+    }
+    /// Gives every member the `buf` of member `root` (all pass buffers of the same length).
+    fn broadcast(&self, buf: &mut [u8], root: usize, what: &str);
+    /// Ends every process of the job with exit status `code` (`MPI_Abort` on the world): the
+    /// engine's part of [`crate::spmd::abort_job`]. Never returns.
+    fn abort(&self, code: i32) -> !;
+}

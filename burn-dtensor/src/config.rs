@@ -1,0 +1,278 @@
+//! The library's run-time configuration: one value, [`Config`], built with its `with_*` methods
+//! and installed with [`configure`], with the `BURN_DTENSOR_*` environment variables as its
+//! fallback (read once, by [`Config::from_env`], the only place that reads them).
+//!
+//! | setting | environment variable | default | read |
+//! |---|---|---|---|
+//! | [`Config::collective_timeout`] | `BURN_DTENSOR_COLLECTIVE_TIMEOUT_S` (seconds, fractions allowed) | 30 s | at every wait of a cross-process collective, and at start-up |
+//! | [`Config::reduction`] | `BURN_DTENSOR_SPMD_REDUCTION` (`ordered` or `engine`) | `ordered` | at every cross-process reduction |
+//! | [`Config::process_engine`] | `BURN_DTENSOR_SPMD_ENGINE` (`mpi` or `nccl`) | `mpi` | when a multi-process mesh is built |
+//! | [`Config::stacked_execution`] | `BURN_DTENSOR_STACKED` (`0` or `1`) | on | when a mesh is built |
+//! | [`Config::parallel_min_elements`] | `BURN_DTENSOR_PAR_MIN` (elements) | 262144 | at every op |
+//!
+//! Every process of an SPMD run must use the same reduction and engine: both are agreed on
+//! when a multi-process mesh is built ([`crate::spmd`]), and a difference is a typed error.
+//!
+//! ```
+//! use burn_dtensor::{Config, Reduction, configure, config};
+//! // The environment's values, with the reduction order replaced.
+//! configure(Config::from_env()?.with_reduction(Reduction::Engine));
+//! assert_eq!(config().reduction, Reduction::Engine);
+//! // A bad value in the environment is a typed error naming the variable.
+//! let bad = Config::from_vars(|k| (k == "BURN_DTENSOR_STACKED").then(|| "yes".to_string()));
+//! assert!(bad.unwrap_err().to_string().contains("BURN_DTENSOR_STACKED"));
+//! # Ok::<(), burn_dtensor::DTensorError>(())
+//! ```
+
+use std::sync::RwLock;
+use std::time::Duration;
+
+use crate::error::{DTensorError, Result};
+
+/// How a cross-process all-reduce (and the reduction of a reduce-scatter) combines the processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reduction {
+    /// Every shard of the group reaches every process, which reduces them in mesh coordinate
+    /// order as a single process holding the whole mesh does; and a matmul that one process
+    /// would contract over a sharded dim in one go (the stacked deferred partial products, see
+    /// `stack::contracts`) gathers that dim of both operands and computes the same matmul.
+    /// Results are those of the one-process run whatever the process count (measured bitwise
+    /// on the IMDB model in f32, 2, 4 and 8 processes, three modes), and equal on every rank.
+    /// Moves each process's shards to all others (`k/2` times the engine's all-reduce bytes for
+    /// `k` positions along the axis). The default: the promise that a layout never changes the
+    /// result holds to the bit across process counts.
+    Ordered,
+    /// The shards of a process are reduced in process, then the processes through the engine's
+    /// all-reduce (`MPI_Iallreduce`): the engine's bandwidth, with sums rounded in the order of
+    /// the engine's algorithm.
+    Engine,
+}
+
+/// The engine that moves bytes between processes ([`crate::spmd::ProcessGroup`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessEngine {
+    /// MPI (feature `mpi`) on host memory: every backend.
+    Mpi,
+    /// NCCL (features `nccl` and `mpi`, MPI only to start): CUDA meshes with one device per
+    /// process.
+    Nccl,
+}
+
+impl ProcessEngine {
+    /// The engine's name (`mpi`, `nccl`), as in `BURN_DTENSOR_SPMD_ENGINE`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Mpi => "mpi",
+            Self::Nccl => "nccl",
+        }
+    }
+}
+
+/// The library's settings (see the [module docs](self) for each one's variable and default).
+/// Copy it, change it with the `with_*` methods, install it with [`configure`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Config {
+    /// How long a cross-process collective (or joining the world) may wait for its peers
+    /// before the job ends with a message naming the missing ranks ([`crate::spmd`]'s fault
+    /// policy).
+    pub collective_timeout: Duration,
+    /// The order of cross-process reductions.
+    pub reduction: Reduction,
+    /// The cross-process engine of multi-process meshes built from now on.
+    pub process_engine: ProcessEngine,
+    /// Whether virtual meshes built from now on run their shards stacked (one inner op for all
+    /// shards, see [`crate::Mesh::with_stacked_execution`]).
+    pub stacked_execution: bool,
+    /// Per-shard work (elements of the largest input shard; a matmul's multiply-adds count 1/16
+    /// each) from which the shards of one op run on worker threads (CPU backends only). Below
+    /// it, waking the pool costs more than it saves (measured on a 2-core machine, NOTES.md: at
+    /// 16 Ki the IMDB data-parallel step took 1.62 ms against 1.27 ms serial).
+    pub parallel_min_elements: usize,
+}
+
+impl Default for Config {
+    /// The built-in defaults (no environment).
+    fn default() -> Self {
+        Self {
+            collective_timeout: Duration::from_secs(30),
+            reduction: Reduction::Ordered,
+            process_engine: ProcessEngine::Mpi,
+            stacked_execution: true,
+            parallel_min_elements: 256 * 1024,
+        }
+    }
+}
+
+impl Config {
+    /// The defaults overridden by the `BURN_DTENSOR_*` environment variables that are set.
+    ///
+    /// # Errors
+    /// [`DTensorError::Config`] naming the variable, its value and what it accepts.
+    pub fn from_env() -> Result<Self> {
+        Self::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// As [`Config::from_env`] with `var` in place of the environment (`None`: unset).
+    ///
+    /// # Errors
+    /// [`DTensorError::Config`] as [`Config::from_env`].
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let mut c = Self::default();
+        let bad = |name: &str, value: &str, expected: &str| DTensorError::Config {
+            var: name.to_string(),
+            value: value.to_string(),
+            expected: expected.to_string(),
+        };
+        let get = |name: &str| var(name).filter(|v| !v.trim().is_empty());
+        const TIMEOUT: &str = "BURN_DTENSOR_COLLECTIVE_TIMEOUT_S";
+        if let Some(v) = get(TIMEOUT) {
+            let s = v.trim().parse::<f64>().ok();
+            c.collective_timeout = s
+                .filter(|s| *s > 0.0 && s.is_finite())
+                .map(Duration::from_secs_f64)
+                .ok_or_else(|| bad(TIMEOUT, &v, "a positive number of seconds, e.g. 30 or 2.5"))?;
+        }
+        const REDUCTION: &str = "BURN_DTENSOR_SPMD_REDUCTION";
+        if let Some(v) = get(REDUCTION) {
+            c.reduction = match v.trim() {
+                "ordered" => Reduction::Ordered,
+                "engine" => Reduction::Engine,
+                _ => return Err(bad(REDUCTION, &v, "`ordered` (the default) or `engine`")),
+            };
+        }
+        const ENGINE: &str = "BURN_DTENSOR_SPMD_ENGINE";
+        if let Some(v) = get(ENGINE) {
+            c.process_engine = match v.trim() {
+                "mpi" => ProcessEngine::Mpi,
+                "nccl" => ProcessEngine::Nccl,
+                _ => return Err(bad(ENGINE, &v, "`mpi` (the default) or `nccl`")),
+            };
+        }
+        const STACKED: &str = "BURN_DTENSOR_STACKED";
+        if let Some(v) = get(STACKED) {
+            c.stacked_execution = match v.trim() {
+                "0" => false,
+                "1" => true,
+                _ => return Err(bad(STACKED, &v, "`0` (off) or `1` (on, the default)")),
+            };
+        }
+        const PAR_MIN: &str = "BURN_DTENSOR_PAR_MIN";
+        if let Some(v) = get(PAR_MIN) {
+            c.parallel_min_elements = v
+                .trim()
+                .parse()
+                .map_err(|_| bad(PAR_MIN, &v, "a number of elements, e.g. 262144"))?;
+        }
+        Ok(c)
+    }
+
+    /// With [`Config::collective_timeout`] set to `t`.
+    pub fn with_collective_timeout(mut self, t: Duration) -> Self {
+        self.collective_timeout = t;
+        self
+    }
+    /// With [`Config::reduction`] set to `r`.
+    pub fn with_reduction(mut self, r: Reduction) -> Self {
+        self.reduction = r;
+        self
+    }
+    /// With [`Config::process_engine`] set to `e`.
+    pub fn with_process_engine(mut self, e: ProcessEngine) -> Self {
+        self.process_engine = e;
+        self
+    }
+    /// With [`Config::stacked_execution`] set to `on`.
+    pub fn with_stacked_execution(mut self, on: bool) -> Self {
+        self.stacked_execution = on;
+        self
+    }
+    /// With [`Config::parallel_min_elements`] set to `n`.
+    pub fn with_parallel_min_elements(mut self, n: usize) -> Self {
+        self.parallel_min_elements = n;
+        self
+    }
+}
+
+/// `None` until [`configure`] or the first [`config`].
+static CURRENT: RwLock<Option<Config>> = RwLock::new(None);
+
+/// Installs `config` for this process, from now on (see the [module docs](self) for when each
+/// setting is read). Every process of an SPMD run must install the same reduction and engine.
+pub fn configure(config: Config) {
+    *CURRENT.write().unwrap_or_else(|e| e.into_inner()) = Some(config);
+}
+
+/// The configuration in force: the last [`configure`]d one, else the environment's
+/// ([`Config::from_env`], read once).
+///
+/// # Errors
+/// [`DTensorError::Config`] when nothing was configured and an environment variable is bad:
+/// raised where a mesh or the world is made, before any op.
+pub fn try_config() -> Result<Config> {
+    if let Some(c) = *CURRENT.read().unwrap_or_else(|e| e.into_inner()) {
+        return Ok(c);
+    }
+    let c = Config::from_env()?;
+    let mut slot = CURRENT.write().unwrap_or_else(|e| e.into_inner());
+    Ok(*slot.get_or_insert(c))
+}
+
+/// [`try_config`] for the places that cannot return an error (inside an op): a bad environment
+/// was already reported when the mesh was made ([`try_config`]'s error); if nothing made a
+/// mesh yet, the built-in defaults.
+pub fn config() -> Config {
+    try_config().unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn environment_overrides_each_default_and_bad_values_are_named() {
+        assert_eq!(Config::from_vars(vars(&[])).unwrap(), Config::default());
+        let c = Config::from_vars(vars(&[
+            ("BURN_DTENSOR_COLLECTIVE_TIMEOUT_S", "2.5"),
+            ("BURN_DTENSOR_SPMD_REDUCTION", "engine"),
+            ("BURN_DTENSOR_SPMD_ENGINE", "nccl"),
+            ("BURN_DTENSOR_STACKED", "0"),
+            ("BURN_DTENSOR_PAR_MIN", "16"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            c,
+            Config::default()
+                .with_collective_timeout(Duration::from_millis(2500))
+                .with_reduction(Reduction::Engine)
+                .with_process_engine(ProcessEngine::Nccl)
+                .with_stacked_execution(false)
+                .with_parallel_min_elements(16)
+        );
+        for (var, value, says) in [
+            ("BURN_DTENSOR_COLLECTIVE_TIMEOUT_S", "-1", "positive number"),
+            ("BURN_DTENSOR_SPMD_REDUCTION", "fast", "`ordered`"),
+            ("BURN_DTENSOR_SPMD_ENGINE", "bogus", "`mpi`"),
+            ("BURN_DTENSOR_STACKED", "yes", "`0`"),
+            ("BURN_DTENSOR_PAR_MIN", "lots", "number of elements"),
+        ] {
+            let e = Config::from_vars(|k| (k == var).then(|| value.to_string())).unwrap_err();
+            let text = e.to_string();
+            assert!(
+                matches!(e, DTensorError::Config { .. })
+                    && text.contains(var)
+                    && text.contains(value)
+                    && text.contains(says),
+                "{text}"
+            );
+        }
+    }
+}
