@@ -64,15 +64,27 @@ pub fn reduce_scatter<B: Backend, K: Kind<B>>(
     dim: usize,
     global: &[usize],
 ) -> K::P {
+    record_reduce_scatter(&x, topo, axis, global);
+    local_chunk::<B, K>(K::reduce_dim(x, axis, op), topo, axis, dim)
+}
+
+/// Records the reduce-scatter along `axis` of a stacked tensor `x` (the partial tensor's
+/// shards, or its reduced value: the bytes depend only on the per-shard shape) without running
+/// it.
+pub fn record_reduce_scatter<P: TensorMetadata>(
+    x: &P,
+    topo: &MeshTopology,
+    axis: usize,
+    global: &[usize],
+) {
     let m = topo.axis_size(axis) as u64;
     let groups = topo.size() as u64 / m;
     comm::record(
         CollectiveKind::ReduceScatter,
         topo.axis_name(axis),
-        groups * (m - 1) * shard_bytes(&x, topo.ndim()),
+        groups * (m - 1) * shard_bytes(x, topo.ndim()),
         global,
     );
-    local_chunk::<B, K>(K::reduce_dim(x, axis, op), topo, axis, dim)
 }
 
 /// All-gather along `axis` of tensor dim `dim`: the axis' leading dim moves next to `dim` and

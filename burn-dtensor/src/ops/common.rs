@@ -38,6 +38,28 @@ fn settled<P: Clone>(t: DTensor<P>) -> DTensor<P> {
     }
 }
 
+/// A deferred partial operand (see [`crate::tensor::Deferred`]) of an additive op that keeps
+/// its sum pending: its reduced value on each pending axis' first member and zeros on the
+/// others (the same pending sum). Reading its shards instead would compute the per-shard
+/// products, and their sum rounds differently from the one contraction over the whole dim that
+/// the reduced value is; a multi-process mesh computes that whole contraction there
+/// (`rules::matmul::gathered_contraction`), so with this one process and several agree bitwise
+/// (a transformer's row-parallel output plus its bias, or `r + g_q + g_k + g_v`), and the
+/// per-shard products are never computed.
+fn deferred_on_first_member<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> {
+    let crate::tensor::Shards::Deferred(d) = &t.shards else {
+        return t;
+    };
+    let topo = t.layout.mesh.clone();
+    let mut x = d.reduced.clone();
+    for (a, op) in t.layout.partial.iter().enumerate() {
+        if let Some(op) = *op {
+            x = crate::collective::stacked::make_partial::<B, K>(x, &topo, a, op);
+        }
+    }
+    stack::output(t.shape.clone(), (*t.layout).clone(), x)
+}
+
 /// Element-wise unary op (shape kept).
 pub fn unary<B: Backend, KI: Kind<B>, KO: Kind<B>>(
     t: DTensor<KI::P>,
@@ -67,6 +89,14 @@ pub fn binary<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
     let (a, b) = (settled(a), settled(b));
     let out = broadcast_shape(&[&a.shape, &b.shape]);
     let s = nary(&[(&a.layout, &a.shape), (&b.layout, &b.shape)], &out, lin);
+    let (a, b) = if s.output.is_partial() {
+        (
+            deferred_on_first_member::<B, K1>(a),
+            deferred_on_first_member::<B, K2>(b),
+        )
+    } else {
+        (a, b)
+    };
     run2::<B, K1, K2, KO>(a, b, &s, out, true, |at, x, y| {
         if !matches!(at, At::Stacked(_)) {
             return f(x, y);

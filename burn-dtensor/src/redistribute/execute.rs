@@ -29,6 +29,9 @@ pub fn redistribute<B: Backend, K: Kind<B>>(
         return Ok(t);
     }
     let steps = plan(&t.layout, to)?;
+    if let Some(r) = from_reduced::<B, K>(&t, to, &steps) {
+        return Ok(r);
+    }
     let t = if t.is_stacked() && !stack::stackable(to, &t.shape) {
         stack::to_per_device::<B, K>(t)
     } else {
@@ -74,6 +77,73 @@ pub fn execute_stacked<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout) ->
     };
     let r = redistribute::<B, K>(t, to).unwrap_or_else(|e| panic!("burn-dtensor: {e}"));
     stack::to_stacked::<B, K>(r).into_stack()
+}
+
+/// Deferred shards (see `Deferred`) whose every pending sum the plan reduces, with at least one
+/// reduce-scatter (FSDP's gradient, or a partial product meeting a sharded operand):
+/// the reductions are recorded and the reduced value taken, and a reduce-scatter becomes the
+/// local chunk of it. Summing the per-shard products instead would round differently from the
+/// one contraction over the whole dim, which a multi-process mesh computes
+/// (`rules::matmul::gathered_contraction`): one process and several agree bitwise. `None` for
+/// any other tensor or plan.
+fn from_reduced<B: Backend, K: Kind<B>>(
+    t: &DTensor<K::P>,
+    to: &Layout,
+    steps: &[Step],
+) -> Option<DTensor<K::P>> {
+    let Shards::Deferred(d) = &t.shards else {
+        return None;
+    };
+    // A plan of full reductions goes through the memoised reduction (two consumers, one
+    // all-reduce), which takes the reduced value too (`run`).
+    if !steps
+        .iter()
+        .any(|s| matches!(s, Step::ReduceScatter { .. }))
+    {
+        return None;
+    }
+    let reduced_axes: Vec<usize> = steps
+        .iter()
+        .filter_map(|s| match *s {
+            Step::AllReduce { axis, .. } | Step::ReduceScatter { axis, .. } => Some(axis),
+            _ => None,
+        })
+        .collect();
+    if !(0..t.layout.mesh.ndim())
+        .filter(|&a| t.layout.partial[a].is_some())
+        .all(|a| reduced_axes.contains(&a))
+    {
+        return None;
+    }
+    // The plan with its reductions recorded and taken from the reduced value: an all-reduce
+    // drops out, a reduce-scatter becomes the local chunk; the other steps run as planned, in
+    // order, so every collective moves and records what it would have.
+    let topo = &t.layout.mesh;
+    let rest: Vec<Step> = steps
+        .iter()
+        .filter_map(|s| match *s {
+            Step::AllReduce { axis, .. } => {
+                collective::stacked::record_all_reduce(&d.reduced, topo, axis, &t.shape);
+                None
+            }
+            Step::ReduceScatter { axis, dim, .. } => {
+                collective::stacked::record_reduce_scatter(&d.reduced, topo, axis, &t.shape);
+                Some(Step::LocalChunk { axis, dim })
+            }
+            _ => Some(s.clone()),
+        })
+        .collect();
+    let whole = stack::output(
+        t.shape.clone(),
+        t.layout.without_partial(),
+        d.reduced.clone(),
+    );
+    let whole = if stack::stackable(to, &t.shape) {
+        whole
+    } else {
+        stack::to_per_device::<B, K>(whole)
+    };
+    Some(run::<B, K>(whole, to, &rest))
 }
 
 fn run<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout, steps: &[Step]) -> DTensor<K::P> {
