@@ -512,9 +512,30 @@ fn transformer_as_2_and_4_processes_matches_one_process() {
     if !mpi_ready() {
         return;
     }
-    let one = transformer_losses::<NdArray<f32>>();
     let exe = std::env::current_exe().unwrap();
     let dir = std::env::temp_dir().join(format!("imdb-spmd-tf-{}", std::process::id()));
+    let read = |out: &Path, r: usize| -> Vec<(String, Vec<f64>)> {
+        let bytes = std::fs::read(out.join(format!("rank{r}.json"))).unwrap();
+        let bits: Vec<(String, Vec<u64>)> = serde_json::from_slice(&bytes).unwrap();
+        bits.into_iter()
+            .map(|(m, l)| (m, l.into_iter().map(f64::from_bits).collect()))
+            .collect()
+    };
+    // The one-process run in a process of its own, as the workers: the weights are drawn from
+    // process-wide generators, which this binary's other tests use concurrently.
+    let out = dir.join("f32-one");
+    std::fs::create_dir_all(&out).unwrap();
+    let mut c = Command::new(&exe);
+    c.args([
+        "transformer_worker",
+        "--exact",
+        "--ignored",
+        "--test-threads=1",
+    ])
+    .env("IMDB_SPMD_OUT", &out)
+    .env("IMDB_SPMD_DTYPE", "f32");
+    run_ok(c, "the transformer in one process");
+    let one = read(&out, 0);
     let mut seen: Vec<((String, String), Vec<f64>)> = Vec::new();
     for (dtype, tol) in [("f32", 1e-5), ("f64", 1e-12)] {
         for np in [2, 4] {
@@ -531,15 +552,7 @@ fn transformer_as_2_and_4_processes_matches_one_process() {
                 .env("IMDB_SPMD_OUT", &out)
                 .env("IMDB_SPMD_DTYPE", dtype);
             run_ok(c, &format!("the transformer as {np} processes ({dtype})"));
-            let ranks: Vec<Vec<(String, Vec<f64>)>> = (0..np)
-                .map(|r| {
-                    let bytes = std::fs::read(out.join(format!("rank{r}.json"))).unwrap();
-                    let bits: Vec<(String, Vec<u64>)> = serde_json::from_slice(&bytes).unwrap();
-                    bits.into_iter()
-                        .map(|(m, l)| (m, l.into_iter().map(f64::from_bits).collect()))
-                        .collect()
-                })
-                .collect();
+            let ranks: Vec<Vec<(String, Vec<f64>)>> = (0..np).map(|r| read(&out, r)).collect();
             let got = &ranks[0];
             assert_eq!(got.len(), 1 + transformer::MODES.len());
             for (r, other) in ranks.iter().enumerate() {
