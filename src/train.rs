@@ -222,7 +222,8 @@ pub fn check_lr(lr: f64) -> Result<(), AppError> {
 
 /// Checks up front that a file can be written at `path` (its directory exists and is
 /// writable), so that a bad `--summary-json` / `--export` fails before training, not after.
-/// An existing file is left untouched; a probe file is created and removed otherwise.
+/// An existing file is left untouched; otherwise a probe file of this process's own is created
+/// beside it and removed.
 ///
 /// # Errors
 /// [`AppError::Config`] naming the flag and the path.
@@ -243,8 +244,19 @@ pub fn check_output_file(flag: &str, path: &Path) -> Result<(), AppError> {
             .map_err(|e| bad(&e))?;
         return Ok(());
     }
-    std::fs::File::create(path).map_err(|e| bad(&e))?;
-    let _ = std::fs::remove_file(path);
+    // A probe of this process's own beside `path`, never `path` itself: the ranks of a
+    // multi-process run all check the same path, and one rank's probe removed under another's
+    // check made that check fail (seen under `sbatch`).
+    let name = path.file_name().map_or_else(
+        || std::ffi::OsString::from("output"),
+        std::ffi::OsStr::to_os_string,
+    );
+    let mut probe = std::ffi::OsString::from(".");
+    probe.push(&name);
+    probe.push(format!(".probe-{}", std::process::id()));
+    let probe = path.with_file_name(probe);
+    std::fs::File::create(&probe).map_err(|e| bad(&e))?;
+    let _ = std::fs::remove_file(&probe);
     Ok(())
 }
 
