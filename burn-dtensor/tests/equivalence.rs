@@ -602,17 +602,20 @@ fn matmul_every_layout_pair() {
 /// The embedding lookup and its backward (the table only gives the shape) under every pair of
 /// table and ids layouts (vocabulary-parallel tables included), with an output gradient in a
 /// replicated, a partial and (rotating through them all) every sharded layout: on a 2x2x2 mesh
-/// with uneven sizes, and on a 2x4 mesh with a vocabulary of 3 (a device without rows).
+/// with uneven sizes, and on a 2x4 mesh with a vocabulary of 3 (a device without rows). The
+/// rule picks a vocabulary-parallel lookup only where its all-reduce is the cheaper move, so
+/// the cases span both: a small table (gathered) and a large one or few ids (vocabulary
+/// parallel).
 #[test]
 fn embedding_every_layout_pair() {
     use burn::tensor::TensorPrimitive;
     use burn::tensor::module::embedding;
     use burn::tensor::ops::ModuleOps;
-    for (mi, vocab) in [(7, 7), (5, 3)] {
+    for (mi, vocab, [b, s]) in [(7, 7, [3, 5]), (7, 40, [3, 5]), (5, 3, [1, 1])] {
         let m = mesh(mi);
         let (l2, l3) = (all_layouts(&m, 2), all_layouts(&m, 3));
         let dw = data(&[vocab, 5], 3);
-        let (dids, dg) = (int_data(&[3, 5], 4, vocab), data(&[3, 5, 5], 5));
+        let (dids, dg) = (int_data(&[b, s], 4, vocab), data(&[b, s, 5], 5));
         let want = embedding(orc::<2>(&dw), orc_int::<2>(&dids));
         let want_grad =
             Tensor::<N, 2>::from_primitive(TensorPrimitive::Float(N::embedding_backward(

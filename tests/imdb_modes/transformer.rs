@@ -63,10 +63,20 @@ fn communication_of_each_mode() {
                 let want = 2 * (devices as u64 - 1) * 4 * (s.num_params as u64 + 1);
                 assert_eq!(bytes, want, "data: all-reduce bytes");
             }
-            // FSDP: every gradient reduce-scattered to its parameter's shard, once.
+            // FSDP (ZeRO-3, resharded after the forward as FSDP2's default): each parameter
+            // all-gathered once where the forward uses it (20), again where the backward reads
+            // its value (the 7 linear weights: query, key, value, output, both feed-forward
+            // linears and the head; the 2 layer norms' gammas: 9), every gradient
+            // reduce-scattered to its parameter's shard once (20), and the loss's scalar.
             TfMode::Fsdp => {
+                assert_eq!(count(&s, CollectiveKind::AllGather, "batch"), tensors + 9);
                 assert_eq!(count(&s, CollectiveKind::ReduceScatter, "batch"), tensors);
-                assert!(count(&s, CollectiveKind::AllGather, "batch") >= tensors);
+                assert_eq!(count(&s, CollectiveKind::AllReduce, "batch"), 1);
+                assert_eq!(
+                    s.comm_events.len(),
+                    2 * tensors + 9 + 1,
+                    "fsdp: nothing else"
+                );
             }
             // Megatron: one all-reduce of the [batch, seq, d_model] activation over `model` for
             // the vocabulary-parallel embedding, two per block forward and two backward
@@ -86,7 +96,40 @@ fn communication_of_each_mode() {
                 assert_eq!(count(&s, CollectiveKind::AllGather, "model"), 0);
                 assert_eq!(count(&s, CollectiveKind::AllToAll, "model"), 0);
             }
-            TfMode::TpSp | TfMode::Single => {}
+            // Megatron-SP's collectives in place of tp's all-reduces: the activations between
+            // the blocks are sequence-sharded over `model`; each linear keeps its weight where
+            // the layout map put it and moves the activation. Forward: each column-parallel
+            // linear (query, key, value, feed-forward inner) all-gathers its input over the
+            // sequence (4), each row-parallel one's pending sum is reduce-scattered into the
+            // sequence-sharded residual (2). Backward: a row-parallel linear all-gathers its
+            // sequence-sharded output gradient for its input gradient and again for its weight
+            // gradient (2 x 2), a column-parallel linear re-gathers its input for its weight
+            // gradient (4) and reduce-scatters its input gradient (4). (Megatron-SP gathers
+            // the block input once for query, key and value: Burn's attention gives each
+            // linear its own input, see NOTES.md.) No all-reduce of an activation, no
+            // all-to-all.
+            TfMode::TpSp => {
+                let act = |kind: CollectiveKind| {
+                    let acts: Vec<_> = s
+                        .comm_events
+                        .iter()
+                        .filter(|e| {
+                            e.kind == kind && e.axis == "model" && e.shape == [batch, seq, d]
+                        })
+                        .collect();
+                    // Each device receives the other half of its [batch / 4, seq, d] block.
+                    let half = (batch / 4 * seq / 2 * d * 4) as u64;
+                    for e in &acts {
+                        assert_eq!(e.bytes, half * devices as u64, "tp-sp: {e:?}");
+                    }
+                    acts.len()
+                };
+                assert_eq!(act(CollectiveKind::AllGather), 4 + 2 * 2 + 4);
+                assert_eq!(act(CollectiveKind::ReduceScatter), 2 + 4);
+                assert_eq!(act(CollectiveKind::AllReduce), 0);
+                assert_eq!(count(&s, CollectiveKind::AllToAll, "model"), 0);
+            }
+            TfMode::Single => {}
         }
     }
 }

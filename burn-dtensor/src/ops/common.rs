@@ -264,6 +264,7 @@ pub fn matmul<B: Backend, K: Kind<B>, F>(
     lhs: DTensor<K::P>,
     rhs: DTensor<K::P>,
     f: F,
+    keep: rules::matmul::Keep,
 ) -> DTensor<K::P>
 where
     F: Fn(K::P, K::P) -> K::P + Copy + Send + Sync + 'static,
@@ -272,7 +273,7 @@ where
     if is_solo(&lhs) {
         return solo_map(lhs, |x| f(x, only(rhs)));
     }
-    let s = rules::matmul::matmul(&lhs.layout, &lhs.shape, &rhs.layout, &rhs.shape);
+    let s = rules::matmul::matmul(&lhs.layout, &lhs.shape, &rhs.layout, &rhs.shape, keep);
     let r = lhs.shape.len();
     let bcast = |a: usize, b: usize| if a == 1 { b } else { a };
     let mut shape: Vec<usize> = (0..r - 2)

@@ -11,6 +11,7 @@ use super::common as c;
 use super::dispatch::{create, create_from_host};
 use crate::ReduceOp;
 use crate::backend::DistributedBackend;
+use crate::rules::matmul::Keep;
 use crate::rules::pointwise::Linearity;
 use crate::rules::reduce;
 use crate::tensor::{BoolKind, FloatKind as F, IntKind};
@@ -111,7 +112,7 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
         c::unary::<B, F, F>(t, Linearity::None, |x| B::float_cast(x, dtype))
     }
     fn float_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
-        c::matmul::<B, F, _>(lhs, rhs, B::float_matmul)
+        c::matmul::<B, F, _>(lhs, rhs, B::float_matmul, Keep::Contraction)
     }
     fn float_cross(
         lhs: FloatTensor<Self>,

@@ -11,6 +11,7 @@ use super::common as c;
 use super::dispatch::{create, create_from_host};
 use crate::ReduceOp;
 use crate::backend::DistributedBackend;
+use crate::rules::matmul::Keep;
 use crate::rules::pointwise::Linearity;
 use crate::rules::reduce;
 use crate::tensor::{BoolKind, FloatKind, IntKind as I};
@@ -151,7 +152,7 @@ impl<B: Backend> IntTensorOps<Self> for DistributedBackend<B> {
     arg_reduce!(int_argmax, int_argmin);
 
     fn int_matmul(lhs: IntTensor<Self>, rhs: IntTensor<Self>) -> IntTensor<Self> {
-        c::matmul::<B, I, _>(lhs, rhs, B::int_matmul)
+        c::matmul::<B, I, _>(lhs, rhs, B::int_matmul, Keep::Contraction)
     }
     fn int_sum(t: IntTensor<Self>) -> IntTensor<Self> {
         c::reduce_all::<B, I>(t, ReduceOp::Sum, B::int_sum)

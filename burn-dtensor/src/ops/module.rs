@@ -1,21 +1,25 @@
 //! `ModuleOps` for the decorator. `embedding` and its backward have their own rule (the ids'
-//! sharding carried to the output). `linear`, `conv1d`, `layer_norm` and the 1-D
-//! pools are Burn's defaults built on the float primitives (so they inherit the efficient
-//! rules); the ops below are required by Burn and run batch-parallel (input sharded on dim 0,
-//! weights replicated) or, for the rare ones, through the gather fallback.
+//! sharding carried to the output). `linear` and its backward are Burn's default formulas with
+//! the weight kept where the layout map put it ([`Keep::Weight`]: Megatron's stationary
+//! weights; a plain matmul would be free to gather the weight instead). `conv1d`, `layer_norm`
+//! and the 1-D pools are Burn's defaults built on the float primitives (so they inherit the
+//! efficient rules); the ops below are required by Burn and run batch-parallel (input sharded
+//! on dim 0, weights replicated) or, for the rare ones, through the gather fallback.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{
     AttentionModuleOptions, BoolTensor, ConvOptions, ConvTransposeOptions, DeformConv2dBackward,
-    DeformConvOptions, FloatTensor, IntTensor, InterpolateOptions, MaxPool2dBackward,
-    MaxPool2dWithIndices, ModuleOps, UnfoldOptions,
+    DeformConvOptions, FloatTensor, FloatTensorOps, IntTensor, InterpolateOptions,
+    MaxPool2dBackward, MaxPool2dWithIndices, ModuleOps, UnfoldOptions,
 };
 use burn::tensor::{Scalar, TensorMetadata};
 
+use super::common as c;
 use super::dispatch::{is_solo, only, run_batch_with, run2, solo_map};
 use crate::backend::DistributedBackend;
 use crate::layout::Layout;
 use crate::redistribute::execute;
+use crate::rules::matmul::Keep;
 use crate::rules::module::{self, batch_parallel};
 use crate::stack::At;
 use crate::tensor::{BoolKind, DTensor, FloatKind, IntKind, Kind};
@@ -40,6 +44,18 @@ fn run_batch<B: Backend>(
 /// A per-shard output of kind `K` with its dim 0 cut to 0 (see [`run_batch`]).
 fn empty_batch<B: Backend, K: Kind<B>>(r: &K::P) -> K::P {
     K::slice(r.clone(), &[burn::tensor::Slice::new(0, Some(0), 1)])
+}
+
+/// `t` with size-1 dims prepended up to `rank` (Burn's `unsqueeze_leading` in its default
+/// `linear`): a weight `[d_in, d_out]` broadcast over the batch dims of a matmul.
+fn lead<B: Backend>(t: FT<B>, rank: usize) -> FT<B> {
+    let n = t.shape.len();
+    if n >= rank {
+        return t;
+    }
+    let mut dims = vec![1; rank - n];
+    dims.extend_from_slice(&t.shape);
+    DistributedBackend::<B>::float_reshape(t, dims.into())
 }
 
 fn opt<B: Backend>(t: Option<FT<B>>, x: &Layout) -> Option<FT<B>> {
@@ -110,6 +126,53 @@ macro_rules! batch_op {
 }
 
 impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
+    /// `x @ W + b` (x `[..., d_in]`, weight `[d_in, d_out]`, bias `[d_out]`; output
+    /// `[..., d_out]`, global shapes) as Burn's default, the matmul under [`Keep::Weight`]: where
+    /// the input and the weight ask for the same mesh axis (a sequence-sharded input meeting a
+    /// column-parallel weight), the input is redistributed and the weight stays.
+    fn linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        let r = x.shape.len();
+        let out =
+            c::matmul::<B, FloatKind, _>(x, lead::<B>(weight, r), B::float_matmul, Keep::Weight);
+        match bias {
+            Some(b) => Self::float_add(out, lead::<B>(b, r)),
+            None => out,
+        }
+    }
+    /// `g @ Wᵀ` (output gradient `[..., d_out]`, result `[..., d_in]`), the weight kept
+    /// ([`Keep::Weight`]): a row-parallel weight's input gradient all-gathers a
+    /// sequence-sharded `g`.
+    fn linear_x_backward(
+        weight: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let r = output_grad.shape.len();
+        let wt = lead::<B>(Self::float_swap_dims(weight, 0, 1), r);
+        c::matmul::<B, FloatKind, _>(output_grad, wt, B::float_matmul, Keep::Weight)
+    }
+    /// `xᵀ @ g` summed over the batch dims (`[d_in, d_out]`), the output's dims kept
+    /// ([`Keep::Output`]): the gradient comes out in the weight's own sharding and the
+    /// activations move (a batch dim sharded on both sides leaves a pending sum).
+    fn linear_weight_backward(
+        x: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let r = x.shape.len();
+        let xt = Self::float_swap_dims(x, r - 2, r - 1);
+        let mut g = c::matmul::<B, FloatKind, _>(xt, output_grad, B::float_matmul, Keep::Output);
+        for dim in 0..r.saturating_sub(2) {
+            g = Self::float_sum_dim(g, dim);
+        }
+        if r > 2 {
+            let (d0, d1) = (g.shape[r - 2], g.shape[r - 1]);
+            g = Self::float_reshape(g, [d0, d1].into());
+        }
+        g
+    }
     batch_op!(conv conv2d, ConvOptions<2>);
     batch_op!(conv conv3d, ConvOptions<3>);
     batch_op!(conv conv_transpose2d, ConvTransposeOptions<2>);
@@ -365,7 +428,12 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         if is_solo(&weights) {
             return solo_map(weights, |w| B::embedding(w, only(indices)));
         }
-        let s = module::embedding(&weights.layout, &indices.layout);
+        let s = module::embedding(
+            &weights.layout,
+            &weights.shape,
+            &indices.layout,
+            &indices.shape,
+        );
         let rows = vocab_rows(&s.inputs[0], &weights.shape);
         let shape = vec![indices.shape[0], indices.shape[1], weights.shape[1]];
         run2::<B, FloatKind, IntKind, FloatKind>(weights, indices, &s, shape, false, |at, w, i| {
@@ -399,7 +467,13 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
                 B::embedding_backward(w, only(output_grad), only(indices))
             });
         }
-        let s = module::embedding_backward(&weights.layout, &indices.layout);
+        let s = module::embedding_backward(
+            &weights.layout,
+            &weights.shape,
+            &output_grad.layout,
+            &indices.layout,
+            &indices.shape,
+        );
         let rows = vocab_rows(&s.output, &weights.shape);
         let vocab = weights.shape[0];
         run2::<B, FloatKind, IntKind, FloatKind>(

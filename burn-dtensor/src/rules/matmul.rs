@@ -10,8 +10,31 @@ use super::Strategy;
 use super::pointwise::{Linearity, nary};
 use crate::layout::{Layout, ReduceOp};
 
-/// The matmul strategy for `lhs` `[..., m, k]` and `rhs` `[..., k, n]`.
-pub fn matmul(lhs: &Layout, ls: &[usize], rhs: &Layout, rs: &[usize]) -> Strategy {
+/// Which operand's sharding a matmul keeps where both operands ask for one mesh axis (the
+/// output cannot be sharded twice over it, so one side is redistributed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Keep {
+    /// A plain matmul: the contracting dim's sharding first (the larger operand's), then the
+    /// left operand's free dim `m`, then the right's `n`.
+    #[default]
+    Contraction,
+    /// `rhs` is a weight: `Linear`'s forward `x @ W` and its input gradient `g @ Wᵀ`. The
+    /// activation's batch keeps its sharding (the matmul's batch dims, or the rows of a 2-D
+    /// input); otherwise the weight's sharding is kept (its contracting dim, then its free dim)
+    /// and the activation moves: Megatron's stationary weights. A column-parallel weight
+    /// `[d, d_out@model]` meeting a sequence-sharded input `[b, s@model, d]` all-gathers the
+    /// input over the sequence (Megatron-SP's `g`), where [`Keep::Contraction`] would gather the
+    /// weight; an FSDP weight `[d@batch, d_out]` meeting a batch-sharded input is gathered.
+    Weight,
+    /// `Linear`'s weight gradient `xᵀ @ g`: the output's dims (the weight's own `d_in`,
+    /// `d_out`) first, then the contracting dim (the tokens), so that the gradient comes out in
+    /// the weight's layout and the activations move.
+    Output,
+}
+
+/// The matmul strategy for `lhs` `[..., m, k]` and `rhs` `[..., k, n]` (global shapes `ls`,
+/// `rs`), resolving conflicts over a mesh axis as `keep` says.
+pub fn matmul(lhs: &Layout, ls: &[usize], rhs: &Layout, rs: &[usize], keep: Keep) -> Strategy {
     let r = ls.len();
     let (m, k, n) = (r - 2, r - 1, r - 1);
     // Batch dims behave like a broadcast element-wise op.
@@ -24,19 +47,37 @@ pub fn matmul(lhs: &Layout, ls: &[usize], rhs: &Layout, rs: &[usize]) -> Strateg
         Linearity::None,
     )
     .output;
-    let used =
-        |a: usize, extra: &[Option<usize>]| batch.axis_dim(a).is_some() || extra.contains(&Some(a));
-    // Contracting dim: prefer the larger operand's sharding.
+    // The contracting dim's candidates: the weight's, or the larger operand's first.
     let lsize: usize = ls.iter().product();
     let rsize: usize = rs.iter().product();
-    let cands = if lsize >= rsize {
+    let k_cands = if keep != Keep::Weight && lsize >= rsize {
         [lhs.dims[k], rhs.dims[r - 2]]
     } else {
         [rhs.dims[r - 2], lhs.dims[k]]
     };
-    let ak = cands.into_iter().flatten().find(|&a| !used(a, &[]));
-    let am = lhs.dims[m].filter(|&a| !used(a, &[ak]));
-    let an = rhs.dims[n].filter(|&a| !used(a, &[ak, am]));
+    #[derive(Clone, Copy)]
+    enum Dim {
+        K,
+        M,
+        N,
+    }
+    let order = match keep {
+        Keep::Contraction => [Dim::K, Dim::M, Dim::N],
+        // A 2-D input's rows are its batch.
+        Keep::Weight if r == 2 => [Dim::M, Dim::K, Dim::N],
+        Keep::Weight => [Dim::K, Dim::N, Dim::M],
+        Keep::Output => [Dim::M, Dim::N, Dim::K],
+    };
+    let (mut ak, mut am, mut an) = (None, None, None);
+    for d in order {
+        let taken = [ak, am, an];
+        let free = |a: &usize| batch.axis_dim(*a).is_none() && !taken.contains(&Some(*a));
+        match d {
+            Dim::K => ak = k_cands.into_iter().flatten().find(free),
+            Dim::M => am = lhs.dims[m].filter(free),
+            Dim::N => an = rhs.dims[n].filter(free),
+        }
+    }
     let mk = |b: &Layout, s: &[usize], d0: Option<usize>, d1: Option<usize>, full: &[usize]| {
         let mut l = Layout::replicated_on(&lhs.mesh, r);
         for d in 0..r - 2 {

@@ -34,7 +34,11 @@ pub fn batch_parallel(x: &Layout, batched: &[bool], ranks: &[usize], out_rank: u
 ///
 /// - A table sharded over the vocabulary on an axis the ids leave free is *vocabulary
 ///   parallel* (Megatron's `VocabParallelEmbedding`): each device looks up only the ids in its
-///   rows (zeros for the others), so the output is a pending sum over that axis.
+///   rows (zeros for the others), so the output is a pending sum over that axis. That is
+///   chosen unless its all-reduce moves more bytes than gathering the table: twice the
+///   per-device output (`[batch, seq, d]` of the ids' and the table's shards) at most the
+///   per-device gathered table (`vocab x d`-shard). Else the table is gathered (a position
+///   embedding's `[seq, d]` table looked up by replicated positions under FSDP).
 /// - A table sharded over the vocabulary on an axis that also shards the ids (FSDP's
 ///   `Shard(0)` over the batch axis) is gathered first.
 /// - An axis that shards both the ids and the table's `d` stays on the ids (the table's `d` is
@@ -42,18 +46,27 @@ pub fn batch_parallel(x: &Layout, batched: &[bool], ranks: &[usize], out_rank: u
 ///
 /// Ids sharded over the sequence dim give a sequence-sharded activation (sequence parallelism
 /// from the input's layout).
-pub fn embedding(weights: &Layout, ids: &Layout) -> Strategy {
+///
+/// `table` and `ids_shape` are the global shapes `[vocab, d]` and `[batch, seq]`.
+pub fn embedding(weights: &Layout, table: &[usize], ids: &Layout, ids_shape: &[usize]) -> Strategy {
     let il = ids.without_partial();
     let mut wl = weights.without_partial();
+    if let Some(a) = wl.dims[1]
+        && il.axis_dim(a).is_some()
+    {
+        wl.dims[1] = None;
+    }
     if let Some(a) = wl.dims[0]
         && il.axis_dim(a).is_some()
     {
         wl.dims[0] = None;
     }
-    if let Some(a) = wl.dims[1]
-        && il.axis_dim(a).is_some()
-    {
-        wl.dims[1] = None;
+    if wl.dims[0].is_some() {
+        let d = wl.shard_shape(table, 0)[1];
+        let out: usize = il.shard_shape(ids_shape, 0).iter().product::<usize>() * d;
+        if 2 * out > table[0] * d {
+            wl.dims[0] = None;
+        }
     }
     let mut out = Layout::replicated_on(&il.mesh, 3)
         .with_dim(0, il.dims[0])
@@ -74,15 +87,37 @@ pub fn embedding(weights: &Layout, ids: &Layout) -> Strategy {
 /// in its rows), so the result has the forward table's layout and is a pending sum over every
 /// axis that shards the ids (a data-parallel table's gradient is one reduction, as every other
 /// gradient's; an FSDP table's settles by a reduce-scatter). Inputs: the gradient in the
-/// forward's output layout (its pending sum settled), the ids as in the forward.
-pub fn embedding_backward(weights: &Layout, ids: &Layout) -> Strategy {
-    let fwd = embedding(weights, ids);
+/// forward's output layout, the ids as in the forward. The lookup's adjoint is linear in the
+/// gradient, so a gradient `grad` still pending over an axis the forward output leaves free
+/// stays pending into the table's gradient (a position embedding broadcast over a sharded
+/// batch: its gradient's sum over the batch settles once, on the table's own layout).
+///
+/// `table` and `ids_shape` are the global shapes `[vocab, d]` and `[batch, seq]`.
+pub fn embedding_backward(
+    weights: &Layout,
+    table: &[usize],
+    grad: &Layout,
+    ids: &Layout,
+    ids_shape: &[usize],
+) -> Strategy {
+    let fwd = embedding(weights, table, ids, ids_shape);
+    let mut g = fwd.output.without_partial();
     let mut out = fwd.inputs[0].clone();
     for a in fwd.inputs[1].dims.iter().flatten() {
         out = out.with_partial(*a, ReduceOp::Sum);
     }
+    for a in 0..grad.mesh.ndim() {
+        if grad.partial(a) == Some(ReduceOp::Sum)
+            && fwd.output.axis_dim(a).is_none()
+            && fwd.output.partial(a).is_none()
+            && out.axis_dim(a).is_none()
+        {
+            g = g.with_partial(a, ReduceOp::Sum);
+            out = out.with_partial(a, ReduceOp::Sum);
+        }
+    }
     Strategy {
-        inputs: vec![fwd.output.without_partial(), fwd.inputs[1].clone()],
+        inputs: vec![g, fwd.inputs[1].clone()],
         output: out,
     }
 }
