@@ -28,6 +28,10 @@ pub struct DTensor<P> {
     /// Allocated only for partial layouts (the others have nothing to memoise). A cache of the
     /// value, not a state: every reader may ignore it.
     pub(crate) reduced: Option<Arc<OnceLock<Box<DTensor<P>>>>>,
+    /// Which logical value this is: fresh for every op's output, shared by clones and by the
+    /// same value in another state (see [`DTensor::with_shards`]). The key of
+    /// `redistribute::reuse`'s memo of the last all-gather.
+    pub(crate) id: u64,
 }
 
 /// The state of a [`DTensor`]'s shard values: exactly one of three forms. Every file that needs
@@ -91,12 +95,14 @@ impl<P> DTensor<P> {
             shape.len(),
             "layout {layout} vs shape {shape:?}"
         );
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let reduced = layout.is_partial().then(Arc::default);
         Self {
             shape,
             layout,
             shards,
             reduced,
+            id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
     }
     /// Builds a per-device tensor from its shards (no check: internal).

@@ -98,16 +98,16 @@ fn communication_of_each_mode() {
             }
             // Megatron-SP's collectives in place of tp's all-reduces: the activations between
             // the blocks are sequence-sharded over `model`; each linear keeps its weight where
-            // the layout map put it and moves the activation. Forward: each column-parallel
-            // linear (query, key, value, feed-forward inner) all-gathers its input over the
-            // sequence (4), each row-parallel one's pending sum is reduce-scattered into the
-            // sequence-sharded residual (2). Backward: a row-parallel linear all-gathers its
-            // sequence-sharded output gradient for its input gradient and again for its weight
-            // gradient (2 x 2), a column-parallel linear re-gathers its input for its weight
-            // gradient (4) and reduce-scatters its input gradient (4). (Megatron-SP gathers
-            // the block input once for query, key and value: Burn's attention gives each
-            // linear its own input, see NOTES.md.) No all-reduce of an activation, no
-            // all-to-all.
+            // the layout map put it and moves the activation. Forward, per sublayer (attention,
+            // feed-forward): one all-gather of its input over the sequence (query, key and
+            // value share it) and one reduce-scatter of the row-parallel output's pending sum
+            // into the sequence-sharded residual: 2 + 2, Megatron-SP's count. Backward: each
+            // row-parallel linear all-gathers its output gradient once for its input and weight
+            // gradients (2), each sublayer re-gathers its input for the column-parallel weight
+            // gradients (2, as Megatron-SP recomputes its all-gather), and each column-parallel
+            // linear's input gradient is reduce-scattered as autodiff adds it to the residual's
+            // (4: Megatron-SP's 2, plus key and value, added one at a time). No all-reduce of
+            // an activation, no all-to-all.
             TfMode::TpSp => {
                 let act = |kind: CollectiveKind| {
                     let acts: Vec<_> = s
@@ -124,7 +124,7 @@ fn communication_of_each_mode() {
                     }
                     acts.len()
                 };
-                assert_eq!(act(CollectiveKind::AllGather), 4 + 2 * 2 + 4);
+                assert_eq!(act(CollectiveKind::AllGather), 2 + 2 + 2);
                 assert_eq!(act(CollectiveKind::ReduceScatter), 2 + 4);
                 assert_eq!(act(CollectiveKind::AllReduce), 0);
                 assert_eq!(count(&s, CollectiveKind::AllToAll, "model"), 0);

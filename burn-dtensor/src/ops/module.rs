@@ -18,7 +18,7 @@ use super::common as c;
 use super::dispatch::{is_solo, only, run_batch_with, run2, solo_map};
 use crate::backend::DistributedBackend;
 use crate::layout::Layout;
-use crate::redistribute::execute;
+use crate::redistribute::{execute, redistribute};
 use crate::rules::matmul::Keep;
 use crate::rules::module::{self, batch_parallel};
 use crate::stack::At;
@@ -162,6 +162,24 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         output_grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         let r = x.shape.len();
+        // Redistribute `x` itself (not a fresh transposed copy) to what the matmul needs, so
+        // that the query, key and value weight gradients of one input share one all-gather
+        // (`redistribute`'s memo of the last gather is keyed by the tensor).
+        let mut xt_shape = x.shape.clone();
+        xt_shape.swap(r - 2, r - 1);
+        let mut xt_layout = (*x.layout).clone();
+        xt_layout.dims.swap(r - 2, r - 1);
+        let want = crate::rules::matmul::matmul(
+            &xt_layout,
+            &xt_shape,
+            &output_grad.layout,
+            &output_grad.shape,
+            Keep::Output,
+        );
+        let mut lx = want.inputs[0].clone();
+        lx.dims.swap(r - 2, r - 1);
+        let x =
+            redistribute::<B, FloatKind>(x, &lx).unwrap_or_else(|e| panic!("burn-dtensor: {e}"));
         let xt = Self::float_swap_dims(x, r - 2, r - 1);
         let mut g = c::matmul::<B, FloatKind, _>(xt, output_grad, B::float_matmul, Keep::Output);
         for dim in 0..r.saturating_sub(2) {

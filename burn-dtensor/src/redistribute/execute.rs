@@ -13,7 +13,9 @@ use crate::tensor::{DTensor, Kind, Shards};
 /// Relayouts `t` to `to`, running the collectives the two layouts imply.
 ///
 /// A partial tensor that is fully reduced keeps the reduced value memoised, shared by its
-/// clones, so two consumers trigger one all-reduce.
+/// clones, so two consumers trigger one all-reduce. The last pure all-gather made on the calling
+/// thread is memoised too (see `reuse`): the same tensor gathered to the same layout again right
+/// after is not communicated twice.
 ///
 /// # Errors
 /// [`DTensorError::MeshMismatch`](crate::DTensorError::MeshMismatch) and
@@ -50,6 +52,15 @@ pub fn redistribute<B: Backend, K: Kind<B>>(
             None => reduce(),
         };
         return redistribute::<B, K>(reduced, to);
+    }
+    if steps.iter().all(|s| matches!(s, Step::AllGather { .. })) {
+        if let Some(r) = super::reuse::get(&t, to) {
+            return Ok(r);
+        }
+        let src = t.clone();
+        let r = run::<B, K>(t, to, &steps);
+        super::reuse::put(&src, to, &r);
+        return Ok(r);
     }
     Ok(run::<B, K>(t, to, &steps))
 }

@@ -8,5 +8,6 @@
 
 mod execute;
 mod plan;
+mod reuse;
 
 pub use execute::{execute, execute_stacked, redistribute};
