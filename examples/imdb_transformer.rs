@@ -23,7 +23,7 @@ fn main_with(cfg: TfConfig) -> Result<(), AppError> {
     cfg.check()?;
     let path = imdb::resolve_source(cfg.data.as_deref())?;
     let t0 = std::time::Instant::now();
-    let data = TextData::prepare(&path, cfg.max_tokens, cfg.seq_len)?;
+    let data = TextData::prepare_with(&path, cfg.max_tokens, cfg.seq_len, cfg.truncate)?;
     say!(
         "loaded {} train / {} test reviews, vocabulary {} ids, {} tokens each ({:.1} s)",
         data.train.labels.len(),

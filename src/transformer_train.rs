@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::batch::{DropPolicy, batches, epoch_order};
 use crate::data::imdb;
-use crate::data::sequence::SequenceVectorizer;
+use crate::data::sequence::{SequenceVectorizer, Truncation};
 use crate::model::{correct, param_values, with_param_values};
 use crate::say;
 use crate::train::AppError;
@@ -130,6 +130,10 @@ pub struct TfConfig {
     /// Tokens per review (Keras' `output_sequence_length`).
     #[arg(long, default_value_t = 200)]
     pub seq_len: usize,
+    /// Which tokens of a longer review are kept: `post` the first (`TextVectorization`),
+    /// `pre` the last, padded at the start (`pad_sequences`, as the Keras example does).
+    #[arg(long, value_enum, default_value = "post")]
+    pub truncate: Truncation,
     /// Embedding and model width.
     #[arg(long, default_value_t = 32)]
     pub d_model: usize,
@@ -240,11 +244,30 @@ impl TextData {
     /// # Errors
     /// Data errors (missing or corrupt archive, bad vectorizer settings).
     pub fn prepare(path: &Path, max_tokens: usize, seq_len: usize) -> Result<Self, AppError> {
+        Self::prepare_with(path, max_tokens, seq_len, Truncation::Post)
+    }
+
+    /// As [`prepare`](Self::prepare), keeping the end of a long review `truncation` says.
+    ///
+    /// # Errors
+    /// As [`prepare`](Self::prepare).
+    pub fn prepare_with(
+        path: &Path,
+        max_tokens: usize,
+        seq_len: usize,
+        truncation: Truncation,
+    ) -> Result<Self, AppError> {
         let data = imdb::load(path)?;
         fn pairs(r: &[imdb::Review]) -> Vec<(&str, u8)> {
             r.iter().map(|r| (r.text.as_str(), r.label)).collect()
         }
-        Self::from_texts(&pairs(&data.train), &pairs(&data.test), max_tokens, seq_len)
+        Self::from_texts_with(
+            &pairs(&data.train),
+            &pairs(&data.test),
+            max_tokens,
+            seq_len,
+            truncation,
+        )
     }
 
     /// Fits the vectorizer on the `train` texts and vectorises both splits (`(text, label)`
@@ -258,10 +281,25 @@ impl TextData {
         max_tokens: usize,
         seq_len: usize,
     ) -> Result<Self, AppError> {
+        Self::from_texts_with(train, test, max_tokens, seq_len, Truncation::Post)
+    }
+
+    /// As [`from_texts`](Self::from_texts), keeping the end of a long text `truncation` says.
+    ///
+    /// # Errors
+    /// As [`from_texts`](Self::from_texts).
+    pub fn from_texts_with(
+        train: &[(&str, u8)],
+        test: &[(&str, u8)],
+        max_tokens: usize,
+        seq_len: usize,
+        truncation: Truncation,
+    ) -> Result<Self, AppError> {
         fn texts<'a>(r: &[(&'a str, u8)]) -> Vec<&'a str> {
             r.iter().map(|r| r.0).collect()
         }
-        let vectorizer = SequenceVectorizer::fit(&texts(train), max_tokens, seq_len)?;
+        let vectorizer = SequenceVectorizer::fit(&texts(train), max_tokens, seq_len)?
+            .with_truncation(truncation);
         let set = |r: &[(&str, u8)]| SequenceSet {
             ids: vectorizer.transform(&texts(r)).ids().to_vec(),
             seq_len,

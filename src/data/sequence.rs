@@ -16,6 +16,9 @@
 //! 2. **Transform**: each token becomes its index (1 when out of vocabulary); the sequence is
 //!    cut after its first `output_sequence_length` tokens and padded with 0 at the end up to
 //!    that length (`RaggedTensor.to_tensor(default_value=0, shape=[None, length])`).
+//!    [`Truncation::Pre`] instead keeps the *last* tokens and pads at the start, as
+//!    `keras.utils.pad_sequences` does by default (`padding="pre"`, `truncating="pre"`), which
+//!    the Keras transformer example applies to `keras.datasets.imdb`'s sequences.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -45,6 +48,17 @@ pub const DEFAULT_SEQUENCE_LENGTH: usize = 200;
 const FORMAT: &str = "dtensor-imdb/sequence";
 /// Version of the saved format.
 const FORMAT_VERSION: u32 = 1;
+
+/// Which end of a long document is kept, and where the padding goes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Truncation {
+    /// The first tokens, padding at the end (`TextVectorization`'s `output_sequence_length`).
+    #[default]
+    Post,
+    /// The last tokens, padding at the start (`pad_sequences`' defaults).
+    Pre,
+}
 
 /// Token ids of a batch of documents: `[rows, sequence_length]`, row-major, padded with
 /// [`PAD_INDEX`].
@@ -80,6 +94,7 @@ pub struct SequenceVectorizer {
     vocabulary: Vec<String>,
     /// Term -> index, for the terms after the two special entries.
     index: HashMap<String, u32>,
+    truncation: Truncation,
 }
 
 /// The serialized form of [`SequenceVectorizer`].
@@ -90,6 +105,9 @@ struct Repr {
     max_tokens: usize,
     sequence_length: usize,
     vocabulary: Vec<String>,
+    /// Absent in files written before the option existed: [`Truncation::Post`].
+    #[serde(default)]
+    truncation: Truncation,
 }
 
 impl From<SequenceVectorizer> for Repr {
@@ -100,6 +118,7 @@ impl From<SequenceVectorizer> for Repr {
             max_tokens: v.max_tokens,
             sequence_length: v.sequence_length,
             vocabulary: v.vocabulary,
+            truncation: v.truncation,
         }
     }
 }
@@ -137,6 +156,7 @@ impl TryFrom<Repr> for SequenceVectorizer {
             sequence_length: r.sequence_length,
             vocabulary: r.vocabulary,
             index,
+            truncation: r.truncation,
         })
     }
 }
@@ -197,7 +217,19 @@ impl SequenceVectorizer {
             sequence_length,
             vocabulary,
             index,
+            truncation: Truncation::Post,
         })
+    }
+
+    /// The same vocabulary, cutting and padding documents as `truncation` says.
+    pub fn with_truncation(mut self, truncation: Truncation) -> Self {
+        self.truncation = truncation;
+        self
+    }
+
+    /// Which end of a long document [`transform`](Self::transform) keeps.
+    pub fn truncation(&self) -> Truncation {
+        self.truncation
     }
 
     /// The token ids of `texts`: `[texts.len(), sequence_length]` (rows in parallel); row `i`
@@ -216,7 +248,8 @@ impl SequenceVectorizer {
     }
 
     /// The token ids of one document: its first `sequence_length` tokens' indices
-    /// ([`OOV_INDEX`] out of vocabulary), padded with [`PAD_INDEX`] at the end.
+    /// ([`OOV_INDEX`] out of vocabulary), padded with [`PAD_INDEX`] at the end; under
+    /// [`Truncation::Pre`] its last ones, padded at the start.
     pub fn transform_one(&self, text: &str) -> Vec<u32> {
         let mut row = vec![PAD_INDEX; self.sequence_length];
         self.fill_row(text, &mut row);
@@ -225,8 +258,21 @@ impl SequenceVectorizer {
 
     fn fill_row(&self, text: &str, row: &mut [u32]) {
         let standardized = standardize(text);
-        for (out, tok) in row.iter_mut().zip(split_tokens(&standardized)) {
-            *out = self.index.get(tok).copied().unwrap_or(OOV_INDEX);
+        let id = |tok: &str| self.index.get(tok).copied().unwrap_or(OOV_INDEX);
+        match self.truncation {
+            Truncation::Post => {
+                for (out, tok) in row.iter_mut().zip(split_tokens(&standardized)) {
+                    *out = id(tok);
+                }
+            }
+            Truncation::Pre => {
+                let toks: Vec<&str> = split_tokens(&standardized).collect();
+                let n = toks.len().min(row.len());
+                let start = row.len() - n;
+                for (out, tok) in row[start..].iter_mut().zip(&toks[toks.len() - n..]) {
+                    *out = id(tok);
+                }
+            }
         }
     }
 
@@ -290,6 +336,11 @@ mod tests {
         assert_eq!(m.row(0), Some(&[2, 1, 0, 0][..]));
         assert_eq!(m.row(1), Some(&[1, 4, 0, 0][..]));
         assert_eq!(m.row(2), None);
+        // pad_sequences' defaults: the last 4 tokens, padded at the start.
+        let p = v.clone().with_truncation(Truncation::Pre);
+        assert_eq!(p.transform_one("the cat sat on the mat"), [3, 1, 2, 1]);
+        assert_eq!(p.transform_one("Cat!"), [0, 0, 0, 4]);
+        assert_eq!(p.transform(&["the end"]).row(0), Some(&[0, 0, 2, 1][..]));
     }
 
     #[test]
