@@ -9,11 +9,14 @@
 //!
 //! Differences from the Keras example, kept on purpose: Burn's attention splits `d_model` over
 //! the heads (`d_k = d_model / heads`; Keras' `key_dim=32` gives each head 32); the head is one
-//! `Linear` (Keras adds `Dense(20, relu)` and two dropouts before it); LayerNorm's epsilon and
-//! the feed-forward activation (ReLU) follow Keras.
+//! `Linear` (Keras adds `Dense(20, relu)` and two dropouts before it); LayerNorm's epsilon, the
+//! feed-forward activation (ReLU) and the initializers follow Keras: embeddings uniform in
+//! [-0.05, 0.05] (Keras' `Embedding` default, where Burn's is N(0, 1)), linear weights Glorot
+//! uniform (Keras' `Dense` default; Burn's biases are drawn the same way where Keras' start at
+//! zero).
 
 use burn::config::Config;
-use burn::module::Module;
+use burn::module::{Initializer, Module};
 use burn::nn::activation::ActivationConfig;
 use burn::nn::transformer::{
     TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
@@ -73,16 +76,30 @@ impl TextTransformerConfig {
     /// When `heads` does not divide `d_model` (Burn's `MultiHeadAttention`); `imdb_transformer`
     /// checks its flags before.
     pub fn init<B: Backend>(&self, device: &B::Device) -> TextTransformer<B> {
+        // Keras' defaults: `Embedding(embeddings_initializer="uniform")` is U(-0.05, 0.05),
+        // `Dense(kernel_initializer="glorot_uniform")`.
+        let embedding = Initializer::Uniform {
+            min: -0.05,
+            max: 0.05,
+        };
+        let glorot = Initializer::XavierUniform { gain: 1.0 };
         let encoder = TransformerEncoderConfig::new(self.d_model, self.ff, self.heads, self.layers)
             .with_dropout(self.dropout)
             .with_activation(ActivationConfig::Relu)
             .with_layer_norm_eps(1e-6)
+            .with_initializer(glorot.clone())
             .init(device);
         TextTransformer {
-            tokens: EmbeddingConfig::new(self.vocab_size, self.d_model).init(device),
-            positions: EmbeddingConfig::new(self.seq_len, self.d_model).init(device),
+            tokens: EmbeddingConfig::new(self.vocab_size, self.d_model)
+                .with_initializer(embedding.clone())
+                .init(device),
+            positions: EmbeddingConfig::new(self.seq_len, self.d_model)
+                .with_initializer(embedding)
+                .init(device),
             encoder,
-            head: LinearConfig::new(self.d_model, self.classes).init(device),
+            head: LinearConfig::new(self.d_model, self.classes)
+                .with_initializer(glorot)
+                .init(device),
         }
     }
 }

@@ -130,9 +130,10 @@ pub struct TfConfig {
     /// Tokens per review (Keras' `output_sequence_length`).
     #[arg(long, default_value_t = 200)]
     pub seq_len: usize,
-    /// Which tokens of a longer review are kept: `post` the first (`TextVectorization`),
-    /// `pre` the last, padded at the start (`pad_sequences`, as the Keras example does).
-    #[arg(long, value_enum, default_value = "post")]
+    /// Which tokens of a longer review are kept: `pre` the last, padded at the start
+    /// (`pad_sequences`' defaults, which the Keras example applies to its sequences), `post`
+    /// the first (`TextVectorization`'s `output_sequence_length`).
+    #[arg(long, value_enum, default_value = "pre")]
     pub truncate: Truncation,
     /// Embedding and model width.
     #[arg(long, default_value_t = 32)]
