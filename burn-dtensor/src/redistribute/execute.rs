@@ -57,9 +57,9 @@ pub fn redistribute<B: Backend, K: Kind<B>>(
         if let Some(r) = super::reuse::get(&t, to) {
             return Ok(r);
         }
-        let src = t.clone();
+        let src = super::reuse::key(&t);
         let r = run::<B, K>(t, to, &steps);
-        super::reuse::put(&src, to, &r);
+        super::reuse::put(src, to, &r);
         return Ok(r);
     }
     Ok(run::<B, K>(t, to, &steps))

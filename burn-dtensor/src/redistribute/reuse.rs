@@ -42,11 +42,17 @@ pub(super) fn get<P: Clone + 'static>(t: &DTensor<P>, to: &Layout) -> Option<DTe
     })
 }
 
-/// Remembers `out`, the gather of `t` to `to` (replacing the previous entry).
-pub(super) fn put<P: Clone + 'static>(t: &DTensor<P>, to: &Layout, out: &DTensor<P>) {
+/// The memo's key of a source tensor: its id and whether it is held stacked.
+pub(super) fn key<P>(t: &DTensor<P>) -> (u64, bool) {
+    (t.id, t.is_stacked())
+}
+
+/// Remembers `out`, the gather to `to` of the source with key `src` (replacing the previous
+/// entry).
+pub(super) fn put<P: Clone + 'static>(src: (u64, bool), to: &Layout, out: &DTensor<P>) {
     let e = Entry {
-        id: t.id,
-        stacked: t.is_stacked(),
+        id: src.0,
+        stacked: src.1,
         to: to.clone(),
         out: out.clone(),
     };
