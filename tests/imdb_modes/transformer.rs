@@ -79,8 +79,10 @@ fn communication_of_each_mode() {
                 );
             }
             // Megatron: one all-reduce of the [batch, seq, d_model] activation over `model` for
-            // the vocabulary-parallel embedding, two per block forward and two backward
-            // (each device holds [batch / 4, seq, d_model] of f32; groups of 2).
+            // the vocabulary-parallel embedding, two per block forward (each settles the
+            // row-parallel output's pending sum, which the residual add and the layer norm's
+            // mean keep pending until the centred values are squared) and two backward (each
+            // device holds [batch / 4, seq, d_model] of f32; groups of 2).
             TfMode::Tp | TfMode::TwoD => {
                 let act = |e: &&burn_dtensor::CommEvent| {
                     e.kind == CollectiveKind::AllReduce
@@ -93,12 +95,33 @@ fn communication_of_each_mode() {
                 for e in acts {
                     assert_eq!(e.bytes, local * devices as u64, "{mode:?}: {e:?}");
                 }
-                assert_eq!(count(&s, CollectiveKind::AllGather, "model"), 0);
-                assert_eq!(count(&s, CollectiveKind::AllToAll, "model"), 0);
+                // Beyond Megatron's count, two small all-reduces over `model`, both of a
+                // gradient summed from a pending activation gradient before another consumer
+                // settled that gradient: the position embedding's `[seq, d]` (the same gradient
+                // feeds the vocabulary-parallel lookup's backward, which settles it) and the
+                // first layer norm's beta `[d]` (autodiff runs `+ beta`'s backward before
+                // `* gamma`'s, which settles it). Megatron settles the column-parallel input's
+                // gradient first, so both are replicated there.
+                let small: Vec<Vec<usize>> = s
+                    .comm_events
+                    .iter()
+                    .filter(|e| e.axis == "model" && !act(e))
+                    .map(|e| {
+                        assert_eq!(e.kind, CollectiveKind::AllReduce, "{mode:?}: {e:?}");
+                        e.shape.clone()
+                    })
+                    .collect();
+                assert_eq!(
+                    small,
+                    [vec![seq, d], vec![d]],
+                    "{mode:?}: small all-reduces"
+                );
             }
             // Megatron-SP's collectives in place of tp's all-reduces: the activations between
             // the blocks are sequence-sharded over `model`; each linear keeps its weight where
-            // the layout map put it and moves the activation. Forward, per sublayer (attention,
+            // the layout map put it and moves the activation. The vocabulary-parallel lookup's
+            // pending output is reduce-scattered onto the sequence (1) and its gradient
+            // all-gathered back (1), as Megatron-SP's embedding. Forward, per sublayer (attention,
             // feed-forward): one all-gather of its input over the sequence (query, key and
             // value share it) and one reduce-scatter of the row-parallel output's pending sum
             // into the sequence-sharded residual: 2 + 2, Megatron-SP's count. Backward: each
@@ -124,10 +147,33 @@ fn communication_of_each_mode() {
                     }
                     acts.len()
                 };
-                assert_eq!(act(CollectiveKind::AllGather), 2 + 2 + 2);
-                assert_eq!(act(CollectiveKind::ReduceScatter), 2 + 4);
+                assert_eq!(act(CollectiveKind::AllGather), 2 + 2 + 2 + 1);
+                assert_eq!(act(CollectiveKind::ReduceScatter), 1 + 2 + 4);
                 assert_eq!(act(CollectiveKind::AllReduce), 0);
                 assert_eq!(count(&s, CollectiveKind::AllToAll, "model"), 0);
+                // Everything else over `model`, exactly: the token ids gathered over the
+                // sequence for the lookup, forward and backward (`[batch, seq]` integers); the
+                // position embedding's `[1, seq, d]` gradient gathered for its replicated
+                // positions; the mean-pooled `[batch, d]` summed over the sequence shards; and
+                // the `[d]` gradients of parameters applied to the sequence shards (layer
+                // norms, row-parallel biases), summed over them as Megatron-SP all-reduces its
+                // sequence-parallel parameters' gradients.
+                let mut rest: Vec<(CollectiveKind, Vec<usize>)> = s
+                    .comm_events
+                    .iter()
+                    .filter(|e| e.axis == "model" && e.shape != [batch, seq, d])
+                    .map(|e| (e.kind, e.shape.clone()))
+                    .collect();
+                rest.sort_by_key(|(k, sh)| (format!("{k}"), sh.clone()));
+                let mut want = vec![
+                    (CollectiveKind::AllGather, vec![batch, seq]),
+                    (CollectiveKind::AllGather, vec![batch, seq]),
+                    (CollectiveKind::AllGather, vec![1, seq, d]),
+                    (CollectiveKind::AllReduce, vec![batch, d]),
+                ];
+                want.extend(std::iter::repeat_n((CollectiveKind::AllReduce, vec![d]), 5));
+                want.sort_by_key(|(k, sh)| (format!("{k}"), sh.clone()));
+                assert_eq!(rest, want, "tp-sp: the other collectives over model");
             }
             TfMode::Single => {}
         }

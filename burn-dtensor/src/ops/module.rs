@@ -454,8 +454,23 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         );
         let rows = vocab_rows(&s.inputs[0], &weights.shape);
         let shape = vec![indices.shape[0], indices.shape[1], weights.shape[1]];
-        run2::<B, FloatKind, IntKind, FloatKind>(weights, indices, &s, shape, false, |at, w, i| {
-            match rows(at) {
+        // Where the rule gathered a sequence-sharded input's ids for a vocabulary-parallel
+        // lookup (Megatron-SP), the pending output is reduce-scattered back onto the ids'
+        // sequence sharding: the caller gets the sequence-parallel activation it laid out.
+        let ids = indices.layout.without_partial();
+        let back = (s.inputs[1] != ids).then(|| {
+            s.output
+                .without_partial()
+                .with_dim(0, ids.dims[0])
+                .with_dim(1, ids.dims[1])
+        });
+        let out = run2::<B, FloatKind, IntKind, FloatKind>(
+            weights,
+            indices,
+            &s,
+            shape,
+            false,
+            |at, w, i| match rows(at) {
                 None => B::embedding(w, i),
                 Some((lo, hi)) => {
                     let (local, outside) = local_ids::<B>(i, lo, hi);
@@ -469,8 +484,13 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
                     };
                     zero_rows::<B>(out, outside)
                 }
-            }
-        })
+            },
+        );
+        match back {
+            Some(to) => redistribute::<B, FloatKind>(out, &to)
+                .unwrap_or_else(|e| panic!("burn-dtensor: {e}")),
+            None => out,
+        }
     }
     /// [`embedding_backward`](crate::rules::module::embedding_backward): each device adds its
     /// own gradient rows; the table is not moved (only its shape is used, each device's part

@@ -39,8 +39,15 @@ pub fn batch_parallel(x: &Layout, batched: &[bool], ranks: &[usize], out_rank: u
 ///   per-device output (`[batch, seq, d]` of the ids' and the table's shards) at most the
 ///   per-device gathered table (`vocab x d`-shard). Else the table is gathered (a position
 ///   embedding's `[seq, d]` table looked up by replicated positions under FSDP).
-/// - A table sharded over the vocabulary on an axis that also shards the ids (FSDP's
-///   `Shard(0)` over the batch axis) is gathered first.
+/// - A table sharded over the vocabulary on an axis that also shards the ids' sequence
+///   (Megatron-SP, `tp-sp`) stays vocabulary parallel by the same measure, with the ids
+///   gathered over the sequence first (`[batch, seq]` integers): the output is a pending sum
+///   over the whole sequence, which the sequence-sharded residual reduce-scatters, and its
+///   gradient is all-gathered back, as Megatron-SP's embedding does. Else the table is
+///   gathered.
+/// - A table sharded over the vocabulary on an axis that also shards the ids' batch (FSDP's
+///   `Shard(0)` over the batch axis) is gathered first: the batch's ids stay apart, so each
+///   device keeps only its samples' activations.
 /// - An axis that shards both the ids and the table's `d` stays on the ids (the table's `d` is
 ///   gathered).
 ///
@@ -49,23 +56,30 @@ pub fn batch_parallel(x: &Layout, batched: &[bool], ranks: &[usize], out_rank: u
 ///
 /// `table` and `ids_shape` are the global shapes `[vocab, d]` and `[batch, seq]`.
 pub fn embedding(weights: &Layout, table: &[usize], ids: &Layout, ids_shape: &[usize]) -> Strategy {
-    let il = ids.without_partial();
+    let mut il = ids.without_partial();
     let mut wl = weights.without_partial();
     if let Some(a) = wl.dims[1]
         && il.axis_dim(a).is_some()
     {
         wl.dims[1] = None;
     }
-    if let Some(a) = wl.dims[0]
-        && il.axis_dim(a).is_some()
-    {
-        wl.dims[0] = None;
+    // The ids a vocabulary-parallel lookup reads: every member of the vocabulary's axis must
+    // look up the same ids, so a sequence sharded over that axis is gathered (integers).
+    let mut lookup = il.clone();
+    if let Some(a) = wl.dims[0] {
+        match il.axis_dim(a) {
+            None => {}
+            Some(1) => lookup.dims[1] = None,
+            Some(_) => wl.dims[0] = None,
+        }
     }
     if wl.dims[0].is_some() {
         let d = wl.shard_shape(table, 0)[1];
-        let out: usize = il.shard_shape(ids_shape, 0).iter().product::<usize>() * d;
+        let out: usize = lookup.shard_shape(ids_shape, 0).iter().product::<usize>() * d;
         if 2 * out > table[0] * d {
             wl.dims[0] = None;
+        } else {
+            il = lookup;
         }
     }
     let mut out = Layout::replicated_on(&il.mesh, 3)

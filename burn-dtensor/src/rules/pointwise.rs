@@ -64,17 +64,24 @@ pub fn nary(inputs: &[(&Layout, &[usize])], out_shape: &[usize], lin: Linearity)
         let is_partial = |p: &Partials| p.iter().any(Option::is_some);
         let first = partial_sets.iter().copied().find(|p| is_partial(p));
         match (lin, first) {
-            // Every partial input waits for the same sums, and has the output's full shape (a
-            // broadcast partial is settled before it grows): the sum stays pending. A settled
-            // input joins it as a pending sum (its value on each axis' first member, zeros on
-            // the others: a local step), so `r + p1 + p2 + p3` (the gradient of an activation
-            // used by a residual and by query, key and value) settles once, not three times.
+            // Every partial input waits for the same sums, and one of them has the output's
+            // full shape: the sum stays pending. A broadcast partial grows only beside a
+            // full-size one (`x - mean(x)` in a layer norm of a pending residual: the pending
+            // output is no larger than `x`, and the mean needs no all-reduce of its own); alone
+            // it is settled before it grows. A settled input joins the sum as a pending sum
+            // (its value on each axis' first member, zeros on the others: a local step), so
+            // `r + p1 + p2 + p3` (the gradient of an activation used by a residual and by
+            // query, key and value) settles once, not three times.
             (Linearity::Additive, Some(p0))
                 if only_sum(p0)
                     && inputs
                         .iter()
                         .zip(&partial_sets)
-                        .all(|((_, s), p)| !is_partial(p) || (*p == p0 && *s == out_shape)) =>
+                        .all(|(_, p)| !is_partial(p) || *p == p0)
+                    && inputs
+                        .iter()
+                        .zip(&partial_sets)
+                        .any(|((_, s), p)| is_partial(p) && *s == out_shape) =>
             {
                 keep = Some((p0.clone(), vec![true; inputs.len()]));
             }
