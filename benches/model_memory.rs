@@ -26,6 +26,7 @@
 //! its own (mimalloc keeps freed pages). `cargo test --all-targets` runs it without `--bench`:
 //! 2 processes, `Linear(256, 256)`, 2 steps, a smoke test. Figures in NOTES.md.
 
+use dtensor_imdb::memory::reset_peak;
 use std::path::Path;
 use std::time::Instant;
 
@@ -85,19 +86,9 @@ impl<B: Backend> Stack<B> {
     }
 }
 
-/// A field of `/proc/self/status` (`VmHWM`, `VmRSS`) in MiB.
+/// A field of `/proc/self/status` (`VmHWM`, `VmRSS`) in MiB, 0 where unreadable.
 fn status_mib(field: &str) -> f64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    s.lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|k| k.parse::<f64>().ok())
-        .map_or(0.0, |kib| kib / 1024.0)
-}
-
-/// Resets `VmHWM` to the current resident set (Linux 4.0+); false where it cannot.
-fn reset_peak() -> bool {
-    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+    dtensor_imdb::memory::status_mib(field).unwrap_or(0.0)
 }
 
 fn worker(root: &Path) {

@@ -51,6 +51,16 @@ fn main_with(cfg: TfConfig) -> Result<(), AppError> {
         summary.wall_s,
         summary.epoch_test_accuracy
     );
+    // Every rank reports its own memory (under `mpirun` each line is one process's).
+    let m = &summary.memory;
+    if let (Some(start), Some(model), Some(creation), Some(training)) =
+        (m.start, m.model, m.creation_peak, m.training_peak)
+    {
+        let rank = burn_dtensor::spmd::init()?.rank();
+        println!(
+            "rank {rank} memory: {start:.0} MiB with the data, peak {creation:.0} MiB creating the model, {model:.0} MiB with it, peak {training:.0} MiB training"
+        );
+    }
     if let Some(path) = &cfg.summary
         && dtensor_imdb::console::is_chief()
     {

@@ -17,6 +17,7 @@ pub mod data;
 pub mod launch_cli;
 pub mod learner;
 pub mod learner_cli;
+pub mod memory;
 pub mod model;
 pub mod plot;
 pub mod train;

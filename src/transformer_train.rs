@@ -342,6 +342,26 @@ pub struct TfSummary {
     pub parameters: Vec<String>,
     /// Number of scalar parameters of the model.
     pub num_params: usize,
+    /// This process's memory in phases, MiB (see [`crate::memory`]; `None` off Linux).
+    #[serde(default)]
+    pub memory: TfMemory,
+}
+
+/// This process's resident memory (`VmRSS`) and its peaks (`VmHWM`, reset between phases) in
+/// the phases of [`run`], MiB (2^20 bytes). Under `mpirun` each rank has its own.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TfMemory {
+    /// Resident set when [`run`] started, the data already loaded.
+    pub start: Option<f64>,
+    /// Peak while the model was created and laid out (the layout map applied).
+    pub creation_peak: Option<f64>,
+    /// Resident set once the model was laid out, before the first step: the data and this
+    /// process's shards of the parameters.
+    pub model: Option<f64>,
+    /// Peak over training and evaluation: the parameters, gradients and Adam's moments held
+    /// here, plus what one step holds at once (activations, gathered parameters, unsettled
+    /// gradients, collective buffers).
+    pub training_peak: Option<f64>,
 }
 
 /// Trains and evaluates `cfg` on `data` with the inner backend `I` on `device` (virtual
@@ -350,6 +370,22 @@ pub struct TfSummary {
 /// # Errors
 /// Bad flags, mesh and layout errors, SPMD start-up errors.
 pub fn run<I: Backend>(
+    cfg: &TfConfig,
+    data: &TextData,
+    device: I::Device,
+) -> Result<TfSummary, AppError> {
+    let exact = crate::memory::reset_peak();
+    let start = crate::memory::status_mib("VmRSS:");
+    let mut summary = run_modes::<I>(cfg, data, device)?;
+    summary.memory.start = start;
+    if !exact {
+        summary.memory.creation_peak = None;
+        summary.memory.training_peak = None;
+    }
+    Ok(summary)
+}
+
+fn run_modes<I: Backend>(
     cfg: &TfConfig,
     data: &TextData,
     device: I::Device,
@@ -460,6 +496,12 @@ fn train_loop<B: AutodiffBackend>(
     place_valid: &Place<'_, Inner<B>>,
     settle: &Settle<'_, B>,
 ) -> Result<TfSummary, AppError> {
+    let memory = TfMemory {
+        creation_peak: crate::memory::status_mib("VmHWM:"),
+        model: crate::memory::status_mib("VmRSS:"),
+        ..TfMemory::default()
+    };
+    crate::memory::reset_peak();
     let num_params = burn::module::Module::num_params(&model);
     let mut optim = AdamConfig::new().init::<B, TextTransformer<B>>();
     let loss_fn = CrossEntropyLossConfig::new().init(&model.head.weight.device());
@@ -521,6 +563,10 @@ fn train_loop<B: AutodiffBackend>(
         comm_events: comm.events,
         num_params,
         parameters,
+        memory: TfMemory {
+            training_peak: crate::memory::status_mib("VmHWM:"),
+            ..memory
+        },
     })
 }
 

@@ -1,0 +1,43 @@
+//! This process's resident memory, for the examples' and benches' memory reports (the method of
+//! `NOTES.md`, "how to measure memory per rank"): Linux's `/proc/self/status` gives the resident
+//! set now (`VmRSS`) and its peak (`VmHWM`), and writing `5` to `/proc/self/clear_refs` (Linux
+//! 4.0+) resets that peak to the current resident set, so a phase's peak can be read alone.
+//! Elsewhere the figures are `None`.
+
+/// A `kB` field of `/proc/self/status` (`"VmHWM:"`, `"VmRSS:"`) in MiB (2^20 bytes); `None`
+/// where the file or the field cannot be read.
+pub fn status_mib(field: &str) -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    s.lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|k| k.parse::<f64>().ok())
+        .map(|kib| kib / 1024.0)
+}
+
+/// Resets the peak resident set (`VmHWM`) to the current one; false where the kernel refuses
+/// (not Linux, or older than 4.0), and then a later peak includes what came before.
+pub fn reset_peak() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A 64 MiB buffer touched after the reset raises the peak above the resident set at the
+    /// reset by about its size, and no more than the resident set at the peak.
+    #[test]
+    fn peak_follows_an_allocation() {
+        let Some(before) = status_mib("VmRSS:") else {
+            return; // not Linux: nothing to read
+        };
+        if !reset_peak() {
+            return;
+        }
+        let buf = vec![1u8; 64 << 20];
+        let peak = status_mib("VmHWM:").unwrap();
+        assert!(peak >= before + 60.0, "peak {peak} MiB, before {before} MiB");
+        assert!(buf.iter().map(|&b| b as usize).sum::<usize>() == 64 << 20);
+    }
+}
