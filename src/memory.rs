@@ -37,7 +37,10 @@ mod tests {
         }
         let buf = vec![1u8; 64 << 20];
         let peak = status_mib("VmHWM:").unwrap();
-        assert!(peak >= before + 60.0, "peak {peak} MiB, before {before} MiB");
+        assert!(
+            peak >= before + 60.0,
+            "peak {peak} MiB, before {before} MiB"
+        );
         assert!(buf.iter().map(|&b| b as usize).sum::<usize>() == 64 << 20);
     }
 }

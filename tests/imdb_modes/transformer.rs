@@ -77,6 +77,34 @@ fn communication_of_each_mode() {
                     2 * tensors + 9 + 1,
                     "fsdp: nothing else"
                 );
+                // FSDP's memory: each matrix's gradient (7 linear weights, 2 tables) is
+                // reduce-scattered inside the backward pass as soon as it is computed,
+                // interleaved with the backward's all-gathers, not held full-size until the
+                // step's end (where the 1-D gradients settle, in parameter order).
+                let kinds: Vec<(CollectiveKind, usize)> = s
+                    .comm_events
+                    .iter()
+                    .map(|e| (e.kind, e.shape.len()))
+                    .collect();
+                let rs = |rank: usize| {
+                    kinds
+                        .iter()
+                        .enumerate()
+                        .filter(move |(_, k)| **k == (CollectiveKind::ReduceScatter, rank))
+                        .map(|(i, _)| i)
+                };
+                let last_gather = kinds
+                    .iter()
+                    .rposition(|(k, _)| *k == CollectiveKind::AllGather)
+                    .unwrap();
+                let (matrices, vectors): (Vec<usize>, Vec<usize>) =
+                    (rs(2).collect(), rs(1).collect());
+                assert_eq!(matrices.len(), 9, "fsdp: matrix gradients");
+                assert!(matrices[0] < last_gather, "fsdp: {kinds:?}");
+                assert!(
+                    matrices.iter().all(|m| vectors.iter().all(|v| m < v)),
+                    "fsdp: the matrices' reduce-scatters come before the vectors': {kinds:?}"
+                );
             }
             // Megatron: one all-reduce of the [batch, seq, d_model] activation over `model` for
             // the vocabulary-parallel embedding, two per block forward (each settles the

@@ -71,3 +71,4 @@ mod module;
 mod qtensor;
 pub use qtensor::QTensor;
 mod transaction;
+mod weight_grads;

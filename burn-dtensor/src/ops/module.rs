@@ -16,6 +16,7 @@ use burn::tensor::{Scalar, TensorMetadata};
 
 use super::common as c;
 use super::dispatch::{is_solo, only, run_batch_with, run2, solo_map};
+use super::weight_grads;
 use crate::backend::DistributedBackend;
 use crate::layout::Layout;
 use crate::redistribute::{execute, redistribute};
@@ -60,6 +61,17 @@ fn lead<B: Backend>(t: FT<B>, rank: usize) -> FT<B> {
 
 fn opt<B: Backend>(t: Option<FT<B>>, x: &Layout) -> Option<FT<B>> {
     t.map(|t| prep::<B, FloatKind>(t, x, false))
+}
+
+/// `g`, a weight's gradient, with its pending sums over the axes that shard the weight (laid
+/// out as `w`) reduce-scattered onto it now ([`weight_grads::settle_now`]); else as it is.
+fn settle_now<B: Backend>(g: FT<B>, w: Option<&Layout>) -> FT<B> {
+    match w.and_then(|w| weight_grads::settle_now(&g.layout, w)) {
+        Some(to) => {
+            redistribute::<B, FloatKind>(g, &to).unwrap_or_else(|e| panic!("burn-dtensor: {e}"))
+        }
+        None => g,
+    }
 }
 
 /// For a vocabulary-parallel table (dim 0 sharded in `table`), the rows `lo..hi` a device
@@ -136,6 +148,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         bias: Option<FloatTensor<Self>>,
     ) -> FloatTensor<Self> {
         let r = x.shape.len();
+        weight_grads::note(x.id, &weight.layout);
         let out =
             c::matmul::<B, FloatKind, _>(x, lead::<B>(weight, r), B::float_matmul, Keep::Weight);
         match bias {
@@ -156,11 +169,14 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
     }
     /// `xᵀ @ g` summed over the batch dims (`[d_in, d_out]`), the output's dims kept
     /// ([`Keep::Output`]): the gradient comes out in the weight's own sharding and the
-    /// activations move (a batch dim sharded on both sides leaves a pending sum).
+    /// activations move (a batch dim sharded on both sides leaves a pending sum). A pending sum
+    /// over an axis that shards the weight is reduce-scattered onto it at once (FSDP's
+    /// backward reduce-scatter, see [`weight_grads`]).
     fn linear_weight_backward(
         x: FloatTensor<Self>,
         output_grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
+        let weight = weight_grads::weight_of(x.id);
         let r = x.shape.len();
         // Redistribute `x` itself (not a fresh transposed copy) to what the matmul needs, so
         // that the query, key and value weight gradients of one input share one all-gather
@@ -189,7 +205,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
             let (d0, d1) = (g.shape[r - 2], g.shape[r - 1]);
             g = Self::float_reshape(g, [d0, d1].into());
         }
-        g
+        settle_now::<B>(g, weight.as_ref())
     }
     batch_op!(conv conv2d, ConvOptions<2>);
     batch_op!(conv conv3d, ConvOptions<3>);
@@ -493,8 +509,9 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         }
     }
     /// [`embedding_backward`](crate::rules::module::embedding_backward): each device adds its
-    /// own gradient rows; the table is not moved (only its shape is used, each device's part
-    /// made empty in place).
+    /// own gradient rows; the table is not moved (only its shape and layout are used, each
+    /// device's part made empty in place). A pending sum over an axis that shards the table is
+    /// reduce-scattered onto it at once (FSDP, see [`weight_grads`]).
     fn embedding_backward(
         weights: FloatTensor<Self>,
         output_grad: FloatTensor<Self>,
@@ -514,7 +531,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         );
         let rows = vocab_rows(&s.output, &weights.shape);
         let vocab = weights.shape[0];
-        run2::<B, FloatKind, IntKind, FloatKind>(
+        let table_grad = run2::<B, FloatKind, IntKind, FloatKind>(
             output_grad,
             indices,
             &s,
@@ -536,7 +553,8 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
                     }
                 }
             },
-        )
+        );
+        settle_now::<B>(table_grad, Some(&weights.layout))
     }
     /// Batch-parallel over the query's dim 0; a mask or bias whose dim 0 is the batch is sharded
     /// with it, a broadcast one (dim 0 of size 1) is replicated.
