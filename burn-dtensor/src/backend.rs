@@ -14,10 +14,10 @@ use crate::tensor::DTensor;
 /// A Burn backend decorator (like `Autodiff<B>`) that makes any backend `B` distributed,
 /// DTensor-style: every tensor carries a [`Layout`](crate::Layout) on a [`Mesh`](crate::Mesh) of
 /// `B`'s devices and holds one `B` primitive per mesh device; every op runs per shard on `B`
-/// plus the collectives the layouts imply (see [`crate::rules`]).
+/// plus the collectives the layouts imply (the sharding rules: `burn-dtensor/src/rules/`).
 ///
 /// The device is a [`DistributedDevice`] (a mesh). Tensors created on it are replicated;
-/// [`relayout`](crate::relayout), [`distribute`](crate::distribute) and a
+/// [`relayout`](crate::DTensorExt::relayout), [`distribute`](crate::distribute) and a
 /// [`LayoutMap`](crate::LayoutMap) shard them. Whatever the layouts, results equal `B`'s on the
 /// whole tensor (to float rounding: sums over shards add in another order).
 ///

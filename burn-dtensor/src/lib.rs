@@ -74,7 +74,7 @@ mod host;
 mod inner;
 pub mod launch;
 mod layout;
-mod layout_map;
+pub mod layout_map;
 mod mesh;
 mod ops;
 pub mod random;

@@ -33,7 +33,7 @@
 //! # Ok::<(), burn_dtensor::DTensorError>(())
 //! ```
 //!
-//! **Layout on disk** ([`format`]): a checkpoint is a directory holding one safetensors file per
+//! **Layout on disk** ([`format`](mod@format)): a checkpoint is a directory holding one safetensors file per
 //! process that owns a shard (`shards-00002-of-00004.safetensors`, readable by any safetensors
 //! tool) and `metadata.json`: per tensor its global shape, dtype, the layout at save time, and per
 //! shard its box (global offsets and sizes), file, byte range and CRC-32 per 256 KiB block.

@@ -1,6 +1,6 @@
 //! `ModuleOps` for the decorator. `embedding` and its backward have their own rule (the ids'
 //! sharding carried to the output). `linear` and its backward are Burn's default formulas with
-//! the weight kept where the layout map put it ([`Keep::Weight`]: Megatron's stationary
+//! the weight kept where the layout map put it (`Keep::Weight` (`rules/matmul.rs`): Megatron's stationary
 //! weights; a plain matmul would be free to gather the weight instead). `conv1d`, `layer_norm`
 //! and the 1-D pools are Burn's defaults built on the float primitives (so they inherit the
 //! efficient rules); the ops below are required by Burn and run batch-parallel (input sharded
@@ -139,7 +139,7 @@ macro_rules! batch_op {
 
 impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
     /// `x @ W + b` (x `[..., d_in]`, weight `[d_in, d_out]`, bias `[d_out]`; output
-    /// `[..., d_out]`, global shapes) as Burn's default, the matmul under [`Keep::Weight`]: where
+    /// `[..., d_out]`, global shapes) as Burn's default, the matmul under `Keep::Weight` (`rules/matmul.rs`): where
     /// the input and the weight ask for the same mesh axis (a sequence-sharded input meeting a
     /// column-parallel weight), the input is redistributed and the weight stays.
     fn linear(
@@ -157,7 +157,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         }
     }
     /// `g @ Wᵀ` (output gradient `[..., d_out]`, result `[..., d_in]`), the weight kept
-    /// ([`Keep::Weight`]): a row-parallel weight's input gradient all-gathers a
+    /// (`Keep::Weight` (`rules/matmul.rs`)): a row-parallel weight's input gradient all-gathers a
     /// sequence-sharded `g`.
     fn linear_x_backward(
         weight: FloatTensor<Self>,
@@ -168,10 +168,10 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         c::matmul::<B, FloatKind, _>(output_grad, wt, B::float_matmul, Keep::Weight)
     }
     /// `xᵀ @ g` summed over the batch dims (`[d_in, d_out]`), the output's dims kept
-    /// ([`Keep::Output`]): the gradient comes out in the weight's own sharding and the
+    /// (`Keep::Output` (`rules/matmul.rs`)): the gradient comes out in the weight's own sharding and the
     /// activations move (a batch dim sharded on both sides leaves a pending sum). A pending sum
     /// over an axis that shards the weight is reduce-scattered onto it at once (FSDP's
-    /// backward reduce-scatter, see [`weight_grads`]).
+    /// backward reduce-scatter, see `ops/weight_grads.rs`).
     fn linear_weight_backward(
         x: FloatTensor<Self>,
         output_grad: FloatTensor<Self>,
@@ -456,7 +456,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
             )
         })
     }
-    /// [`embedding`](crate::rules::module::embedding): the lookup of each device's own ids (in
+    /// The rule `rules::module::embedding`: the lookup of each device's own ids (in
     /// its own rows of a vocabulary-parallel table).
     fn embedding(weights: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> {
         if is_solo(&weights) {
@@ -508,10 +508,10 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
             None => out,
         }
     }
-    /// [`embedding_backward`](crate::rules::module::embedding_backward): each device adds its
+    /// The rule `rules::module::embedding_backward`: each device adds its
     /// own gradient rows; the table is not moved (only its shape and layout are used, each
     /// device's part made empty in place). A pending sum over an axis that shards the table is
-    /// reduce-scattered onto it at once (FSDP, see [`weight_grads`]).
+    /// reduce-scattered onto it at once (FSDP, see `ops/weight_grads.rs`).
     fn embedding_backward(
         weights: FloatTensor<Self>,
         output_grad: FloatTensor<Self>,
