@@ -26,21 +26,25 @@ mod tests {
     use super::*;
 
     /// A 64 MiB buffer touched after the reset raises the peak above the resident set at the
-    /// reset by about its size, and no more than the resident set at the peak.
+    /// reset by about its size. Other tests of this binary allocate and free on their own
+    /// threads meanwhile (the resident set is the process's), so one of a few tries must see it.
     #[test]
     fn peak_follows_an_allocation() {
-        let Some(before) = status_mib("VmRSS:") else {
-            return; // not Linux: nothing to read
-        };
-        if !reset_peak() {
-            return;
+        if status_mib("VmRSS:").is_none() || !reset_peak() {
+            return; // not Linux (or before 4.0): nothing to read
         }
-        let buf = vec![1u8; 64 << 20];
-        let peak = status_mib("VmHWM:").unwrap();
-        assert!(
-            peak >= before + 60.0,
-            "peak {peak} MiB, before {before} MiB"
-        );
-        assert!(buf.iter().map(|&b| b as usize).sum::<usize>() == 64 << 20);
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            reset_peak();
+            let before = status_mib("VmHWM:").unwrap();
+            let buf = std::hint::black_box(vec![1u8; 64 << 20]);
+            let peak = status_mib("VmHWM:").unwrap();
+            drop(buf);
+            if peak >= before + 60.0 {
+                return;
+            }
+            seen.push((before, peak));
+        }
+        panic!("the peak never rose by the buffer's 64 MiB: (at reset, peak) {seen:?}");
     }
 }
