@@ -1,10 +1,11 @@
 //! `ModuleOps` for the decorator. `embedding` and its backward have their own rule (the ids'
 //! sharding carried to the output). `linear` and its backward are Burn's default formulas with
-//! the weight kept where the layout map put it (`Keep::Weight` (`rules/matmul.rs`): Megatron's stationary
-//! weights; a plain matmul would be free to gather the weight instead). `conv1d`, `layer_norm`
-//! and the 1-D pools are Burn's defaults built on the float primitives (so they inherit the
-//! efficient rules); the ops below are required by Burn and run batch-parallel (input sharded
-//! on dim 0, weights replicated) or, for the rare ones, through the gather fallback.
+//! the weight kept where the layout map put it (`Keep::Weight` in `rules/matmul.rs`: Megatron's
+//! stationary weights; a plain matmul would be free to gather the weight instead). `conv1d`,
+//! `layer_norm` and the 1-D pools are Burn's defaults built on the float primitives (so they
+//! inherit the efficient rules); the ops below are required by Burn and run batch-parallel
+//! (input sharded on dim 0, weights replicated) or, for the rare ones, through the gather
+//! fallback.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{
@@ -63,13 +64,17 @@ fn opt<B: Backend>(t: Option<FT<B>>, x: &Layout) -> Option<FT<B>> {
     t.map(|t| prep::<B, FloatKind>(t, x, false))
 }
 
+/// `t` relaid out to `to`, keeping its form (stacked or per device); `to` comes from a rule,
+/// so a mesh or rank mismatch is an internal bug.
+fn relayout<B: Backend>(t: FT<B>, to: &Layout) -> FT<B> {
+    redistribute::<B, FloatKind>(t, to).unwrap_or_else(|e| panic!("burn-dtensor: {e}"))
+}
+
 /// `g`, a weight's gradient, with its pending sums over the axes that shard the weight (laid
 /// out as `w`) reduce-scattered onto it now ([`weight_grads::settle_now`]); else as it is.
 fn settle_now<B: Backend>(g: FT<B>, w: Option<&Layout>) -> FT<B> {
     match w.and_then(|w| weight_grads::settle_now(&g.layout, w)) {
-        Some(to) => {
-            redistribute::<B, FloatKind>(g, &to).unwrap_or_else(|e| panic!("burn-dtensor: {e}"))
-        }
+        Some(to) => relayout::<B>(g, &to),
         None => g,
     }
 }
@@ -139,9 +144,10 @@ macro_rules! batch_op {
 
 impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
     /// `x @ W + b` (x `[..., d_in]`, weight `[d_in, d_out]`, bias `[d_out]`; output
-    /// `[..., d_out]`, global shapes) as Burn's default, the matmul under `Keep::Weight` (`rules/matmul.rs`): where
-    /// the input and the weight ask for the same mesh axis (a sequence-sharded input meeting a
-    /// column-parallel weight), the input is redistributed and the weight stays.
+    /// `[..., d_out]`, global shapes) as Burn's default, the matmul under `Keep::Weight`
+    /// (`rules/matmul.rs`): where the input and the weight ask for the same mesh axis (a
+    /// sequence-sharded input meeting a column-parallel weight), the input is redistributed and
+    /// the weight stays.
     fn linear(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
@@ -157,8 +163,8 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         }
     }
     /// `g @ Wᵀ` (output gradient `[..., d_out]`, result `[..., d_in]`), the weight kept
-    /// (`Keep::Weight` (`rules/matmul.rs`)): a row-parallel weight's input gradient all-gathers a
-    /// sequence-sharded `g`.
+    /// (`Keep::Weight` in `rules/matmul.rs`): a row-parallel weight's input gradient
+    /// all-gathers a sequence-sharded `g`.
     fn linear_x_backward(
         weight: FloatTensor<Self>,
         output_grad: FloatTensor<Self>,
@@ -168,10 +174,10 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         c::matmul::<B, FloatKind, _>(output_grad, wt, B::float_matmul, Keep::Weight)
     }
     /// `xᵀ @ g` summed over the batch dims (`[d_in, d_out]`), the output's dims kept
-    /// (`Keep::Output` (`rules/matmul.rs`)): the gradient comes out in the weight's own sharding and the
-    /// activations move (a batch dim sharded on both sides leaves a pending sum). A pending sum
-    /// over an axis that shards the weight is reduce-scattered onto it at once (FSDP's
-    /// backward reduce-scatter, see `ops/weight_grads.rs`).
+    /// (`Keep::Output` in `rules/matmul.rs`): the gradient comes out in the weight's own
+    /// sharding and the activations move (a batch dim sharded on both sides leaves a pending
+    /// sum). A pending sum over an axis that shards the weight is reduce-scattered onto it at
+    /// once (FSDP's backward reduce-scatter, see `ops/weight_grads.rs`).
     fn linear_weight_backward(
         x: FloatTensor<Self>,
         output_grad: FloatTensor<Self>,
@@ -194,8 +200,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         );
         let mut lx = want.inputs[0].clone();
         lx.dims.swap(r - 2, r - 1);
-        let x =
-            redistribute::<B, FloatKind>(x, &lx).unwrap_or_else(|e| panic!("burn-dtensor: {e}"));
+        let x = relayout::<B>(x, &lx);
         let xt = Self::float_swap_dims(x, r - 2, r - 1);
         let mut g = c::matmul::<B, FloatKind, _>(xt, output_grad, B::float_matmul, Keep::Output);
         for dim in 0..r.saturating_sub(2) {
@@ -503,8 +508,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
             },
         );
         match back {
-            Some(to) => redistribute::<B, FloatKind>(out, &to)
-                .unwrap_or_else(|e| panic!("burn-dtensor: {e}")),
+            Some(to) => relayout::<B>(out, &to),
             None => out,
         }
     }
