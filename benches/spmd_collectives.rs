@@ -1,16 +1,18 @@
 //! Collective throughput across processes (MPI), against tensor size, per collective, beside
-//! the engine's own figure for the same bytes.
+//! the same collective called directly on MPI for the same bytes.
 //!
 //! `cargo bench --features mpi --bench spmd_collectives` re-runs this binary under
 //! `mpirun -np 2` and `-np 4` (one device per process, mesh `x=N`); each process prints nothing
-//! but rank 0, which prints one line per (collective, size):
-//! - `dtensor`: the relayout through burn-dtensor (`Tensor::relayout` on
-//!   `DistributedBackend<NdArray>`: device -> host -> MPI -> host -> device), both reductions
-//!   (`ordered`, the default, and `engine`);
-//! - `engine`: the raw `ProcessGroup` call on host bytes for the same buffer, what the engine
-//!   itself gives: `MPI_Iallreduce` of the whole buffer for all-reduce and reduce-scatter (which
-//!   burn-dtensor runs as an all-reduce and a local chunk), `MPI_Iallgatherv` of one process's
-//!   share for all-gather and all-to-all (an all-gather and a local chunk).
+//! but rank 0, which prints one line per (collective, size, path):
+//! - `dtensor-ordered` / `dtensor-engine` (or `dtensor`, where nothing is reduced): the relayout
+//!   through burn-dtensor (`Tensor::relayout` on `DistributedBackend<NdArray>`), with the
+//!   deterministic reduction (the default) and with the engine's;
+//! - `group`: the project's own `ProcessGroup` call on host bytes for the same buffer (the engine
+//!   layer alone, with its timeout watchdog);
+//! - `mpi direct`: the blocking MPI collective called directly on host buffers of the same bytes,
+//!   with nothing around it (`MPI_Allreduce`, `MPI_Allgather`, `MPI_Reduce_scatter_block`,
+//!   `MPI_Alltoall`): the reference of issue 22. The last column is its time over this line's
+//!   (1.0 = the direct call's throughput).
 //!
 //! Bandwidth is NCCL's convention: algbw = global bytes / time; busbw = algbw x 2(p-1)/p for
 //! all-reduce, x (p-1)/p for all-gather, reduce-scatter and all-to-all. Fixed iteration counts
@@ -50,6 +52,49 @@ fn time(reps: usize, mut f: impl FnMut()) -> f64 {
     )
 }
 
+/// The blocking MPI collective `name` called directly on host buffers: `n` f32 elements in all
+/// (the whole buffer of an all-reduce and of a reduce-scatter's input, `n / p` per process for
+/// an all-gather's and an all-to-all's input). Every process runs it `reps + 1` times.
+#[cfg(feature = "mpi")]
+fn direct(name: &str, n: usize, p: usize, reps: usize) -> f64 {
+    use mpi::collective::SystemOperation;
+    use mpi::traits::*;
+    let world = mpi::topology::SimpleCommunicator::world();
+    let share = n / p;
+    match name {
+        "all-reduce" => {
+            let send = vec![1f32; n];
+            let mut recv = vec![0f32; n];
+            time(reps, || {
+                world.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum())
+            })
+        }
+        "all-gather" => {
+            let send = vec![1f32; share];
+            let mut recv = vec![0f32; share * p];
+            time(reps, || world.all_gather_into(&send[..], &mut recv[..]))
+        }
+        "reduce-scatter" => {
+            let send = vec![1f32; share * p];
+            let mut recv = vec![0f32; share];
+            time(reps, || {
+                world.reduce_scatter_block_into(&send[..], &mut recv[..], SystemOperation::sum())
+            })
+        }
+        "all-to-all" => {
+            let send = vec![1f32; share];
+            let mut recv = vec![0f32; share];
+            time(reps, || world.all_to_all_into(&send[..], &mut recv[..]))
+        }
+        other => unreachable!("no direct form of {other}"),
+    }
+}
+
+#[cfg(not(feature = "mpi"))]
+fn direct(_: &str, _: usize, _: usize, _: usize) -> f64 {
+    f64::NAN
+}
+
 fn worker() {
     let world = spmd::init().expect("joining the MPI world");
     let p = world.size();
@@ -70,8 +115,8 @@ fn worker() {
     if chief {
         println!("processes {p} (engine {}):", world.engine());
         println!(
-            "{:<15} {:>9} {:<16} {:>10} {:>10} {:>10}",
-            "collective", "size", "path", "time", "algbw", "busbw"
+            "{:<15} {:>9} {:<16} {:>10} {:>10} {:>10} {:>8}",
+            "collective", "size", "path", "time", "algbw", "busbw", "direct/t"
         );
     }
     // `cargo test --all-targets` runs this binary without `--bench`: one small size, a smoke test.
@@ -84,12 +129,12 @@ fn worker() {
         let bytes = (side * side * 4) as f64;
         let reps = if side >= 1024 { 10 } else { 30 };
         let data = TensorData::new(vec![1.0f32; side * side], [side, side]);
-        let line = |name: &str, path: &str, t: f64, factor: f64| {
+        let line = |name: &str, path: &str, t: f64, factor: f64, reference: f64| {
             if chief {
                 let alg = bytes / t / 1e9;
                 let bus = alg * factor * (p - 1) as f64 / p as f64;
                 println!(
-                    "{name:<15} {:>9} {path:<16} {:>8.3}ms {:>7.2}GB/s {:>7.2}GB/s",
+                    "{name:<15} {:>9} {path:<16} {:>8.3}ms {:>7.2}GB/s {:>7.2}GB/s {:>8.2}",
                     if bytes < 1e6 {
                         format!("{:.0}KB", bytes / 1e3)
                     } else {
@@ -97,18 +142,17 @@ fn worker() {
                     },
                     t * 1e3,
                     alg,
-                    bus
+                    bus,
+                    reference / t
                 );
             }
         };
         for (name, from, to, factor) in cases {
-            // A fresh input each repetition (a partial tensor memoises its reduced value, so
-            // relaying out clones of one would reduce once): the time of `distribute` alone
-            // (no communication) is measured and taken off.
-            let upload = time(reps, || {
-                let x: Tensor<DB, 2> = distribute(data.clone(), from).unwrap();
-                let _ = x.to_local_shards();
-            });
+            // `SPMD_BENCH_ONLY=all-gather` (for a profiler): one collective.
+            if std::env::var("SPMD_BENCH_ONLY").is_ok_and(|only| only != name) {
+                continue;
+            }
+            let reference = direct(name, side * side, p, reps);
             let modes: &[(Reduction, &str)] = if from.is_partial() {
                 &[
                     (Reduction::Ordered, "dtensor-ordered"),
@@ -119,38 +163,64 @@ fn worker() {
             };
             for &(mode, path) in modes {
                 burn_dtensor::configure(burn_dtensor::config().with_reduction(mode));
-                let t = time(reps, || {
-                    let x: Tensor<DB, 2> = distribute(data.clone(), from).unwrap();
-                    let _ = x.relayout(to).unwrap().to_local_shards();
-                }) - upload;
-                line(name, path, t, factor);
+                // A fresh input each repetition (a partial tensor memoises its reduced value,
+                // so relaying out clones of one would reduce once), all made before the clock
+                // starts: only the relayout is timed. Each result is dropped untimed before the
+                // next relayout, as a training step drops its buffers.
+                let mut inputs: Vec<Tensor<DB, 2>> = (0..=reps)
+                    .map(|_| distribute(data.clone(), from).unwrap())
+                    .collect();
+                let mut times = Vec::with_capacity(reps + 1);
+                while let Some(x) = inputs.pop() {
+                    let t = Instant::now();
+                    let y = x.relayout(to).unwrap();
+                    times.push(t.elapsed().as_secs_f64());
+                    drop(y);
+                }
+                times.remove(0); // warm-up
+                line(name, path, median(times), factor, reference);
             }
             burn_dtensor::configure(burn_dtensor::config().with_reduction(Reduction::Ordered));
-            // The engine alone on the same global buffer: an all-reduce of all of it, or an
-            // all-gather of one process's share of it.
-            let reduces = from.is_partial();
-            let t = if reduces {
-                let mut buf = vec![0u8; bytes as usize];
-                time(reps, || {
-                    pg.all_reduce(&mut buf, DType::F32, ReduceOp::Sum, "bench")
-                })
-            } else {
-                let share = vec![0u8; bytes as usize / p];
-                let counts = vec![share.len(); p];
-                time(reps, || {
-                    let _ = pg.all_gather(&share, &counts, "bench");
-                })
+            // The engine layer alone (`ProcessGroup`, with its timeout watchdog) on buffers of
+            // the same bytes as the direct call.
+            let n = bytes as usize;
+            let share = n / p;
+            let t = match name {
+                "all-reduce" => {
+                    let (send, mut recv) = (vec![0u8; n], vec![0u8; n]);
+                    time(reps, || {
+                        pg.all_reduce_into(&send, &mut recv, DType::F32, ReduceOp::Sum, "bench")
+                    })
+                }
+                "reduce-scatter" => {
+                    let (send, mut recv) = (vec![0u8; share * p], vec![0u8; share]);
+                    time(reps, || {
+                        pg.reduce_scatter_into(
+                            &send,
+                            &vec![share; p],
+                            &mut recv,
+                            DType::F32,
+                            ReduceOp::Sum,
+                            "bench",
+                        )
+                    })
+                }
+                "all-gather" => {
+                    let (send, mut recv) = (vec![0u8; share], vec![0u8; share * p]);
+                    time(reps, || {
+                        pg.all_gather_into(&send, &vec![share; p], &mut recv, "bench")
+                    })
+                }
+                _ => {
+                    let (send, mut recv) = (vec![0u8; share], vec![0u8; share]);
+                    let counts = vec![share / p; p];
+                    time(reps, || {
+                        pg.all_to_all_into(&send, &counts, &counts, &mut recv, "bench")
+                    })
+                }
             };
-            line(
-                name,
-                if reduces {
-                    "engine allreduce"
-                } else {
-                    "engine allgatherv"
-                },
-                t,
-                factor,
-            );
+            line(name, "group", t, factor, reference);
+            line(name, "mpi direct", reference, factor, reference);
         }
     }
 }

@@ -305,6 +305,40 @@ fn ops_and_relayouts_across_processes() {
     done(name);
 }
 
+/// With the engine's reduction (`Reduction::Engine`): every partial layout relaid out to every
+/// settled one, even and uneven shapes, so that a pending sum settles by the engine's all-reduce
+/// (to replicated) or its reduce-scatter (`MPI_Reduce_scatter`, to a sharded dim 0 or dim 1),
+/// against NdArray on the whole tensor (float tolerance: MPI's summation order), and the
+/// reduced bytes land in each process's own shards.
+#[test]
+fn engine_reduction_across_processes() {
+    let name = "engine_reduction_across_processes";
+    if launched(name, &[2, 4]) {
+        return;
+    }
+    let dev = Default::default();
+    burn_dtensor::configure(burn_dtensor::config().with_reduction(spmd::Reduction::Engine));
+    for m in meshes() {
+        let ls = layouts(&m);
+        for shape in [[5, 3], [8, 6], [2, 7]] {
+            let dx = data(shape, 4);
+            let ox = Tensor::<N, 2>::from_data(dx.clone(), &dev);
+            for la in ls.iter().filter(|l| l.is_partial()) {
+                for lb in ls.iter().filter(|l| !l.is_partial()) {
+                    let x: Tensor<DB, 2> = distribute(dx.clone(), la).unwrap();
+                    check(
+                        &format!("engine relayout {la} -> {lb}"),
+                        x.relayout(lb).unwrap(),
+                        ox.clone(),
+                    );
+                }
+            }
+        }
+    }
+    burn_dtensor::configure(burn_dtensor::config().with_reduction(spmd::Reduction::Ordered));
+    done(name);
+}
+
 /// Each process passes only its block of the global tensor (`distribute_local`): the result
 /// is `distribute` of the whole tensor, for every settled layout and shape; a block of the wrong
 /// shape is a typed error.

@@ -57,17 +57,85 @@ pub(crate) fn all_reduce<B: Backend, K: Kind<B>>(
         data
     };
     let shape = data.shape.clone();
-    let mut bytes = data.into_bytes().to_vec();
+    let n = data.as_bytes().len();
     let w = what(CollectiveKind::AllReduce, topo, axis, global);
     let work_dtype = if wide { DType::F32 } else { dtype };
-    pg.all_reduce(&mut bytes, work_dtype, op, &w);
+    // The engine reads the downloaded bytes and writes an aligned buffer that becomes the
+    // tensor as it is: no copy around the call.
+    let mut recv = HostBuffer::zeroed(n, work_dtype);
+    pg.all_reduce_into(data.as_bytes(), recv.as_bytes_mut(), work_dtype, op, &w);
+    drop(data);
     let p = pg.size() as u64;
-    let n = bytes.len() as u64;
-    let mut out = TensorData::from_bytes_vec(bytes, shape, work_dtype);
+    let mut out = recv.into_data(shape, work_dtype);
     if wide {
         out = out.convert_dtype(dtype);
     }
-    (K::from_data(out, &device), 2 * (p - 1) * n / p)
+    (K::from_data(out, &device), 2 * (p - 1) * n as u64 / p)
+}
+
+/// The engine's reduce-scatter along `dim` (`MPI_Reduce_scatter`, in the engine's own
+/// reduction order): `x` is this process's in-process reduction, whole along `dim`; every
+/// process receives the reduction of its block of `dim` ([`block`]). `dim` is moved first for
+/// the call (the engine scatters contiguous parts) and back after it. Returns the block (the
+/// shape of `x` with this process's block length along `dim`) and the bytes received
+/// (`(p-1)` times the block, a ring's count).
+pub(crate) fn reduce_scatter<B: Backend, K: Kind<B>>(
+    x: K::P,
+    pg: &Arc<dyn ProcessGroup>,
+    topo: &MeshTopology,
+    (axis, dim): (usize, usize),
+    op: ReduceOp,
+    global: &[usize],
+) -> (K::P, u64) {
+    let device = K::device(&x);
+    let rank = x.shape().num_dims();
+    let perm: Vec<usize> = std::iter::once(dim)
+        .chain((0..rank).filter(|&d| d != dim))
+        .collect();
+    let x = if dim == 0 { x } else { K::permute(x, &perm) };
+    let data = K::into_host(x);
+    let dtype = data.dtype;
+    // Half floats have no MPI type: reduced in f32.
+    let wide = matches!(dtype, DType::F16 | DType::BF16);
+    let data = if wide {
+        data.convert_dtype(DType::F32)
+    } else {
+        data
+    };
+    let work_dtype = data.dtype;
+    let mut shape = data.shape.clone();
+    let n = shape[0];
+    let row = data.as_bytes().len().checked_div(n).unwrap_or(0);
+    let (k, l) = (topo.axis_size(axis), topo.local_axis_size(axis));
+    let (p, me) = (pg.size(), pg.rank());
+    let counts: Vec<usize> = (0..p).map(|q| block(n, k, l, q).len() * row).collect();
+    let w = what(CollectiveKind::ReduceScatter, topo, axis, global);
+    let mut recv = HostBuffer::zeroed(counts[me], work_dtype);
+    pg.reduce_scatter_into(
+        data.as_bytes(),
+        &counts,
+        recv.as_bytes_mut(),
+        work_dtype,
+        op,
+        &w,
+    );
+    drop(data);
+    shape[0] = block(n, k, l, me).len();
+    let mut out = recv.into_data(shape, work_dtype);
+    if wide {
+        out = out.convert_dtype(dtype);
+    }
+    let out = K::from_data(out, &device);
+    let out = if dim == 0 {
+        out
+    } else {
+        let mut back = vec![0; rank];
+        for (i, &d) in perm.iter().enumerate() {
+            back[d] = i;
+        }
+        K::permute(out, &back)
+    };
+    (out, ((p - 1) * counts[me]) as u64)
 }
 
 /// Bytes a process sends in one exchange of a chunked ordered reduction
@@ -159,22 +227,32 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
         }
         let mine = boxed(me, r);
         let c = numel(&mine);
-        let got = pg.all_to_all(&send, &send_counts, &vec![l * c * es; p], w);
+        let mut got = HostBuffer::zeroed(p * l * c * es, dtype);
+        pg.all_to_all_into(
+            &send,
+            &send_counts,
+            &vec![l * c * es; p],
+            got.as_bytes_mut(),
+            w,
+        );
         drop(send);
         received += ((p - 1) * l * c * es) as u64;
         if c == 0 {
             continue;
         }
-        // Every member's slice, in coordinate order (process-major, then its members).
+        // Every member's slice, in coordinate order (process-major, then its members): views
+        // of one tensor made of the received buffer as it is (no copy per block).
         let mine_shape: Vec<usize> = mine.iter().map(|r| r.len()).collect();
-        let blocks: Vec<K::P> = got
-            .chunks(c * es)
-            .map(|b| {
-                let d = TensorData::from_bytes_vec(b.to_vec(), mine_shape.clone(), dtype);
-                K::from_data(d, &device)
+        let all = K::from_data(got.into_data([p * l, c], dtype), &device);
+        let blocks: Vec<K::P> = (0..p * l)
+            .map(|j| {
+                K::reshape(
+                    K::narrow(all.clone(), 0, j..j + 1),
+                    Shape::from(mine_shape.clone()),
+                )
             })
             .collect();
-        drop(got);
+        drop(all);
         let piece = reduce(&blocks);
         drop(blocks);
         match &mut out {
@@ -236,11 +314,11 @@ pub(crate) fn all_reduce_ordered<B: Backend, K: Kind<B>>(
         .collect();
     let w = what(CollectiveKind::AllReduce, topo, axis, global);
     let (mine, got) = reduce_own_block::<B, K>(flat, pg, 0, &part, &w, &reduce);
-    let mine = K::into_host(mine).into_bytes().to_vec();
+    let mine = K::into_host(mine);
     let counts: Vec<usize> = (0..p).map(|q| part(q).len() * es).collect();
     let mut all = HostBuffer::zeroed(m * es, dtype);
-    pg.all_gather_into(&mine, &counts, all.as_bytes_mut(), &w);
-    let received = got + (m * es - mine.len()) as u64;
+    pg.all_gather_into(mine.as_bytes(), &counts, all.as_bytes_mut(), &w);
+    let received = got + (m * es - mine.as_bytes().len()) as u64;
     drop(mine);
     let out = K::from_data(all.into_data(shape.to_vec(), dtype), &device);
     (out, received)

@@ -267,7 +267,8 @@ fn gather_group<B: Backend, K: Kind<B>>(
 /// is `n`) so that the member with coordinate `c` keeps chunk `c`. Across processes, in the
 /// default ordered reduction: each process receives only its block of every member's shard and
 /// reduces it ([`across::reduce_scatter_ordered`]); with the engine's reduction: the in-process
-/// reduction, an all-reduce across the processes, then each keeps its chunks.
+/// reduction, then the engine's reduce-scatter across the processes ([`across::reduce_scatter`],
+/// one `MPI_Reduce_scatter`), then each member keeps its chunk of its process's block.
 pub fn reduce_scatter<B: Backend, K: Kind<B>>(
     shards: &mut [K::P],
     topo: &MeshTopology,
@@ -297,7 +298,13 @@ pub fn reduce_scatter<B: Backend, K: Kind<B>>(
                 );
                 (acc, across::block(n, k, l, pg.rank()).start, b)
             }
-            _ => {
+            Some(pg) => {
+                let acc = reduce_group::<B, K>(shards, &group, op, &topo.engines);
+                let (acc, b) =
+                    across::reduce_scatter::<B, K>(acc, pg, topo, (axis, dim), op, global);
+                (acc, across::block(n, k, l, pg.rank()).start, b)
+            }
+            None => {
                 let (acc, b) = reduce_across::<B, K>(shards, &group, pg, topo, axis, op, global);
                 (acc, 0, b)
             }

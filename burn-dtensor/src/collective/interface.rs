@@ -64,9 +64,37 @@ pub trait ProcessGroup: Send + Sync {
     /// Splits the group: processes passing equal `color` form a sub-group, ranked by `key`.
     /// Collective: every member calls it, in the same order.
     fn split(&self, color: usize, key: usize) -> Arc<dyn ProcessGroup>;
-    /// In place, the element-wise `op`-reduction of every member's `buf` (elements of `dtype`;
-    /// bool is one byte per element, reduced as or/and).
-    fn all_reduce(&self, buf: &mut [u8], dtype: DType, op: ReduceOp, what: &str);
+    /// The element-wise `op`-reduction of every member's `send` (elements of `dtype`; bool is
+    /// reduced as or/and of its elements), written into `recv` (same length, allocated by the
+    /// caller so that it can become a tensor without a copy).
+    fn all_reduce_into(&self, send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp, what: &str);
+    /// [`ProcessGroup::all_reduce_into`] in place (one copy of `buf` as the input).
+    fn all_reduce(&self, buf: &mut [u8], dtype: DType, op: ReduceOp, what: &str) {
+        let send = buf.to_vec();
+        self.all_reduce_into(&send, buf, dtype, op, what);
+    }
+    /// The reduce-scatter: the element-wise `op`-reduction of every member's `send`, of which
+    /// member `r` receives the `recv_counts[r]` bytes at offset `recv_counts[..r].sum()`, written
+    /// into `recv` (of `recv_counts[rank]` bytes). `send` holds `recv_counts.iter().sum()` bytes
+    /// on every member (uneven and empty parts allowed).
+    ///
+    /// The default is an all-reduce of the whole buffer and a copy of this member's part
+    /// (twice the traffic); engines with a native reduce-scatter (MPI's `MPI_Reduce_scatter`)
+    /// override it.
+    fn reduce_scatter_into(
+        &self,
+        send: &[u8],
+        recv_counts: &[usize],
+        recv: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+        what: &str,
+    ) {
+        let mut all = vec![0u8; send.len()];
+        self.all_reduce_into(send, &mut all, dtype, op, what);
+        let at: usize = recv_counts[..self.rank()].iter().sum();
+        recv.copy_from_slice(&all[at..at + recv_counts[self.rank()]]);
+    }
     /// The concatenation, in rank order, of every member's `send`, written into `recv` (of
     /// `counts.iter().sum()` bytes); member `r` sends `counts[r]` bytes (uneven and empty parts
     /// allowed). The caller allocates `recv`, so that it can be aligned for the elements it

@@ -1,10 +1,13 @@
 //! The MPI engine of [`ProcessGroup`]: collectives across processes and hosts on the `mpi`
 //! crate (rsmpi) over the system's MPI (OpenMPI or MPICH), for tensors in host memory.
 //!
-//! Every call is a non-blocking MPI collective (`MPI_Iallreduce`, `MPI_Iallgatherv`,
-//! `MPI_Ibcast`) polled until it completes or [`Config::collective_timeout`](crate::Config::collective_timeout) passes, so a peer that
+//! Every call is a non-blocking MPI collective (`MPI_Iallreduce`, `MPI_Ireduce_scatter`,
+//! `MPI_Iallgatherv`, `MPI_Ialltoallv`, `MPI_Ibcast`) on the caller's own bytes (no copies
+//! around it), polled until it completes or
+//! [`Config::collective_timeout`](crate::Config::collective_timeout) passes, so a peer that
 //! stops answering ends this process with a message instead of a hang
-//! ([`crate::spmd`]'s fault handling). MPI runs at `MPI_THREAD_SERIALIZED`: one lock orders
+//! ([`crate::spmd`]'s fault handling). The polling never sleeps during the first second
+//! ([`wait`]): a non-blocking collective moves only while it is polled. MPI runs at `MPI_THREAD_SERIALIZED`: one lock orders
 //! every call of the process (rsmpi's communicators are not `Send`; the lock is what makes
 //! sharing them sound). MPI is finalised at process exit (`atexit`), as `mpirun` expects.
 
@@ -15,6 +18,8 @@ use burn::tensor::DType;
 use mpi::Threading;
 use mpi::collective::SystemOperation;
 use mpi::datatype::{Equivalence, Partition, PartitionMut};
+use mpi::ffi;
+use mpi::raw::AsRaw;
 use mpi::request::{Request, Scope, scope};
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
@@ -81,26 +86,110 @@ pub(crate) fn world() -> Result<Arc<dyn ProcessGroup>> {
     }))
 }
 
-/// Polls `req` until it completes; past the timeout, ends the process naming `what`.
-fn wait<'a, R: ?Sized, S: Scope<'a>>(mut req: Request<'a, R, S>, what: &str, members: &[usize]) {
+/// How long a wait polls without sleeping: a non-blocking collective progresses only inside
+/// MPI calls (Open MPI's `libnbc`), so a sleep between polls stalls every round of it. Past
+/// this, a peer is late (a checkpoint written, a slow step) and the wait polls every 50 µs
+/// instead of holding a core.
+const BUSY_POLL: Duration = Duration::from_secs(1);
+
+/// Polls `done` (one `MPI_Test`) until it returns true; past the timeout, ends the process
+/// naming `what`. Yields between polls (as Open MPI's blocking calls do when oversubscribed).
+fn poll(mut done: impl FnMut() -> bool, what: &str, members: &[usize]) {
     let timeout = config().collective_timeout;
     let start = Instant::now();
     let mut polls = 0u32;
-    loop {
-        match req.test() {
-            Ok(_) => return,
-            Err(r) => req = r,
-        }
-        polls += 1;
-        if polls < 2000 {
+    while !done() {
+        polls = polls.wrapping_add(1);
+        if !polls.is_multiple_of(256) {
             std::thread::yield_now();
-        } else {
-            if start.elapsed() > timeout {
-                collective_failed(what, members, start.elapsed());
-            }
+            continue;
+        }
+        let waited = start.elapsed();
+        if waited > timeout {
+            collective_failed(what, members, waited);
+        }
+        if waited > BUSY_POLL {
             std::thread::sleep(Duration::from_micros(50));
         }
     }
+}
+
+/// Polls `req` until it completes ([`poll`]).
+fn wait<'a, R: ?Sized, S: Scope<'a>>(req: Request<'a, R, S>, what: &str, members: &[usize]) {
+    let mut req = Some(req);
+    poll(
+        || match req.take().unwrap().test() {
+            Ok(_) => true,
+            Err(r) => {
+                req = Some(r);
+                false
+            }
+        },
+        what,
+        members,
+    );
+}
+
+/// Polls a raw request, started by a raw non-blocking call, until it completes ([`poll`]).
+fn wait_raw(mut req: ffi::MPI_Request, what: &str, members: &[usize]) {
+    poll(
+        || {
+            let mut flag = 0;
+            // SAFETY: `req` is an active request of this process; MPI sets it to null when done.
+            unsafe { ffi::MPI_Test(&mut req, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
+            flag != 0
+        },
+        what,
+        members,
+    );
+}
+
+/// MPI's datatype and operation for an element-wise `op`-reduction of `dtype` (bool: or/and of
+/// its bytes, 1 or 4 per element).
+///
+/// # Panics
+/// For a dtype with no MPI type (half floats: the caller converts them to f32).
+fn reduction(dtype: DType, op: ReduceOp) -> (ffi::MPI_Datatype, ffi::MPI_Op) {
+    let sys = match (dtype, op) {
+        (DType::Bool(_), ReduceOp::Sum | ReduceOp::Max) => SystemOperation::logical_or(),
+        (DType::Bool(_), ReduceOp::Min) => SystemOperation::logical_and(),
+        (_, ReduceOp::Sum) => SystemOperation::sum(),
+        (_, ReduceOp::Max) => SystemOperation::max(),
+        (_, ReduceOp::Min) => SystemOperation::min(),
+    };
+    let t = match dtype {
+        DType::F64 => f64::equivalent_datatype().as_raw(),
+        DType::F32 | DType::Flex32 => f32::equivalent_datatype().as_raw(),
+        DType::I64 => i64::equivalent_datatype().as_raw(),
+        DType::I32 => i32::equivalent_datatype().as_raw(),
+        DType::I16 => i16::equivalent_datatype().as_raw(),
+        DType::I8 => i8::equivalent_datatype().as_raw(),
+        DType::U64 => u64::equivalent_datatype().as_raw(),
+        DType::U32 => u32::equivalent_datatype().as_raw(),
+        DType::U16 => u16::equivalent_datatype().as_raw(),
+        DType::U8 => u8::equivalent_datatype().as_raw(),
+        DType::Bool(_) if dtype.size() == 4 => u32::equivalent_datatype().as_raw(),
+        DType::Bool(_) => u8::equivalent_datatype().as_raw(),
+        other => {
+            panic!("burn-dtensor: no MPI reduction for {other:?} (the caller converts half floats)")
+        }
+    };
+    (t, sys.as_raw())
+}
+
+/// Bytes per element of a reduced buffer (bool: 1 or 4, as the backend stores it).
+fn elem_bytes(dtype: DType) -> usize {
+    dtype.size().max(1)
+}
+
+/// An element count as MPI's `int`.
+///
+/// # Panics
+/// Past `i32::MAX` elements (MPI's count).
+fn count(n: usize, what: &str) -> i32 {
+    i32::try_from(n).unwrap_or_else(|_| {
+        panic!("burn-dtensor: {what}: {n} elements exceed MPI's count (2^31 - 1)")
+    })
 }
 
 /// The offsets of parts of `counts` bytes laid back to back (MPI's `displs`).
@@ -113,41 +202,6 @@ fn displacements(counts: &[usize]) -> Vec<i32> {
             Some(here)
         })
         .collect()
-}
-
-/// Reads `buf` as elements of `T` (any alignment).
-fn typed<T: Copy>(buf: &[u8]) -> Vec<T> {
-    let n = buf.len() / size_of::<T>();
-    // SAFETY: `n` whole elements lie in `buf`; unaligned reads of plain data.
-    (0..n)
-        .map(|i| unsafe { std::ptr::read_unaligned(buf.as_ptr().add(i * size_of::<T>()).cast()) })
-        .collect()
-}
-
-fn untyped<T: Copy>(v: &[T], buf: &mut [u8]) {
-    // SAFETY: `v` is plain data of exactly `buf.len()` bytes.
-    unsafe {
-        std::ptr::copy_nonoverlapping(v.as_ptr().cast::<u8>(), buf.as_mut_ptr(), buf.len());
-    }
-}
-
-impl MpiGroup {
-    fn reduce<T: Equivalence + Copy>(&self, buf: &mut [u8], op: SystemOperation, what: &str) {
-        if buf.is_empty() {
-            // Every member has the same (empty) shape: nothing to exchange.
-            return;
-        }
-        let send: Vec<T> = typed(buf);
-        let mut recv = send.clone();
-        scope(|s| {
-            let req = self
-                .comm
-                .0
-                .immediate_all_reduce_into(s, &send[..], &mut recv[..], op);
-            wait(req, what, &self.world_ranks);
-        });
-        untyped(&recv, buf);
-    }
 }
 
 impl ProcessGroup for MpiGroup {
@@ -190,39 +244,93 @@ impl ProcessGroup for MpiGroup {
             .collect();
         Arc::new(g)
     }
-    fn all_reduce(&self, buf: &mut [u8], dtype: DType, op: ReduceOp, what: &str) {
-        let _guard = LOCK.lock().unwrap();
-        let sys = match op {
-            ReduceOp::Sum => SystemOperation::sum(),
-            ReduceOp::Max => SystemOperation::max(),
-            ReduceOp::Min => SystemOperation::min(),
-        };
-        match dtype {
-            DType::F64 => self.reduce::<f64>(buf, sys, what),
-            DType::F32 | DType::Flex32 => self.reduce::<f32>(buf, sys, what),
-            DType::I64 => self.reduce::<i64>(buf, sys, what),
-            DType::I32 => self.reduce::<i32>(buf, sys, what),
-            DType::I16 => self.reduce::<i16>(buf, sys, what),
-            DType::I8 => self.reduce::<i8>(buf, sys, what),
-            DType::U64 => self.reduce::<u64>(buf, sys, what),
-            DType::U32 => self.reduce::<u32>(buf, sys, what),
-            DType::U16 => self.reduce::<u16>(buf, sys, what),
-            DType::U8 => self.reduce::<u8>(buf, sys, what),
-            DType::Bool(_) => {
-                let logical = match op {
-                    ReduceOp::Sum | ReduceOp::Max => SystemOperation::logical_or(),
-                    ReduceOp::Min => SystemOperation::logical_and(),
-                };
-                if dtype.size() == 4 {
-                    self.reduce::<u32>(buf, logical, what)
-                } else {
-                    self.reduce::<u8>(buf, logical, what)
-                }
-            }
-            other => panic!(
-                "burn-dtensor: no MPI reduction for {other:?} (the caller converts half floats)"
-            ),
+    /// `MPI_Iallreduce` from `send` into `recv`, both the caller's bytes.
+    fn all_reduce_into(
+        &self,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+        what: &str,
+    ) {
+        assert_eq!(send.len(), recv.len(), "burn-dtensor: all-reduce buffers");
+        if send.is_empty() {
+            // Every member has the same (empty) shape: nothing to exchange.
+            return;
         }
+        let (t, o) = reduction(dtype, op);
+        let n = count(send.len() / elem_bytes(dtype), what);
+        let _guard = LOCK.lock().unwrap();
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: `send` and `recv` hold `n` elements of `t` and outlive the wait below.
+        unsafe {
+            ffi::MPI_Iallreduce(
+                send.as_ptr().cast(),
+                recv.as_mut_ptr().cast(),
+                n,
+                t,
+                o,
+                self.comm.0.as_raw(),
+                &mut req,
+            )
+        };
+        wait_raw(req, what, &self.world_ranks);
+    }
+    /// `MPI_Ireduce_scatter` from `send` into `recv`, both the caller's bytes.
+    fn reduce_scatter_into(
+        &self,
+        send: &[u8],
+        recv_counts: &[usize],
+        recv: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+        what: &str,
+    ) {
+        let es = elem_bytes(dtype);
+        assert_eq!(
+            recv_counts.len(),
+            self.size,
+            "burn-dtensor: reduce-scatter counts"
+        );
+        assert_eq!(
+            recv.len(),
+            recv_counts[self.rank],
+            "burn-dtensor: reduce-scatter buffer"
+        );
+        assert_eq!(
+            send.len(),
+            recv_counts.iter().sum::<usize>(),
+            "burn-dtensor: reduce-scatter input"
+        );
+        if send.is_empty() {
+            return;
+        }
+        let (t, o) = reduction(dtype, op);
+        let counts: Vec<i32> = recv_counts.iter().map(|&c| count(c / es, what)).collect();
+        // Never a dangling pointer (see `all_gather_into`): one spare element where this
+        // member receives nothing.
+        let mut spare = [0u8; 8];
+        let recv = if recv.is_empty() {
+            &mut spare[..0]
+        } else {
+            recv
+        };
+        let _guard = LOCK.lock().unwrap();
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: `send` holds the sum of `counts` elements of `t`, `recv` this member's count;
+        // both (and `counts`) outlive the wait below.
+        unsafe {
+            ffi::MPI_Ireduce_scatter(
+                send.as_ptr().cast(),
+                recv.as_mut_ptr().cast(),
+                counts.as_ptr(),
+                t,
+                o,
+                self.comm.0.as_raw(),
+                &mut req,
+            )
+        };
+        wait_raw(req, what, &self.world_ranks);
     }
     fn all_gather_into(&self, send: &[u8], counts: &[usize], recv: &mut [u8], what: &str) {
         let _guard = LOCK.lock().unwrap();

@@ -198,6 +198,17 @@ impl ProcessGroup for NcclGroup {
             Err(e) => panic!("burn-dtensor: {e}"),
         }
     }
+    fn all_reduce_into(
+        &self,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+        what: &str,
+    ) {
+        recv.copy_from_slice(send);
+        self.all_reduce(recv, dtype, op, what);
+    }
     fn all_reduce(&self, buf: &mut [u8], dtype: DType, op: ReduceOp, what: &str) {
         let Some((t, size)) = nccl_type(dtype) else {
             return self.bootstrap.all_reduce(buf, dtype, op, what);
