@@ -120,12 +120,18 @@ fn worker() {
         );
     }
     // `cargo test --all-targets` runs this binary without `--bench`: one small size, a smoke test.
-    let sides: &[usize] = if common::smoke() {
-        &[64]
+    // `SPMD_BENCH_SIDE=1024` (for a profiler): one size.
+    let one: Option<usize> = std::env::var("SPMD_BENCH_SIDE")
+        .ok()
+        .and_then(|s| s.parse().ok());
+    let sides: Vec<usize> = if common::smoke() {
+        vec![64]
+    } else if let Some(side) = one {
+        vec![side]
     } else {
-        &[64, 256, 1024, 2048]
+        vec![64, 256, 1024, 2048]
     };
-    for &side in sides {
+    for side in sides {
         let bytes = (side * side * 4) as f64;
         let reps = if side >= 1024 { 10 } else { 30 };
         let data = TensorData::new(vec![1.0f32; side * side], [side, side]);
