@@ -1,13 +1,14 @@
 //! The MPI engine of [`ProcessGroup`]: collectives across processes and hosts on the `mpi`
 //! crate (rsmpi) over the system's MPI (OpenMPI or MPICH), for tensors in host memory.
 //!
-//! Every call is a non-blocking MPI collective (`MPI_Iallreduce`, `MPI_Ireduce_scatter`,
-//! `MPI_Iallgatherv`, `MPI_Ialltoallv`, `MPI_Ibcast`) on the caller's own bytes (no copies
-//! around it), polled until it completes or
+//! Every call works on the caller's own bytes (no copies around it). A small message is a
+//! non-blocking MPI collective (`MPI_Iallreduce`, `MPI_Iallgatherv`, `MPI_Ibcast`; the
+//! reduce-scatter and all-to-all at any size: `MPI_Ireduce_scatter`, `MPI_Ialltoallv`), polled
+//! until it completes or
 //! [`Config::collective_timeout`](crate::Config::collective_timeout) passes, so a peer that
 //! stops answering ends this process with a message instead of a hang
-//! ([`crate::spmd`]'s fault handling). A large message is polled without sleeping for its first
-//! second ([`poll`]): a non-blocking collective moves only while it is polled. MPI runs at `MPI_THREAD_SERIALIZED`: one lock orders
+//! ([`crate::spmd`]'s fault handling); a large one is a polled `MPI_Ibarrier`, then the blocking
+//! collective ([`LARGE_BYTES`]). MPI runs at `MPI_THREAD_SERIALIZED`: one lock orders
 //! every call of the process (rsmpi's communicators are not `Send`; the lock is what makes
 //! sharing them sound). MPI is finalised at process exit (`atexit`), as `mpirun` expects.
 
@@ -86,15 +87,20 @@ pub(crate) fn world() -> Result<Arc<dyn ProcessGroup>> {
     }))
 }
 
-/// Messages of at least this many bytes are waited on by polling without sleeping (for up to
-/// [`BUSY_POLL`]): a non-blocking collective progresses only inside MPI calls (Open MPI's
-/// `libnbc`), so a sleep between polls stalls every round of a large transfer (measured: an
-/// all-gather of 4 MB at 0.74x the blocking `MPI_Allgather` with sleeps, 1.0x without). A small
-/// message's wait is mostly for the peers to arrive, and polling hard then takes a core from
-/// the shard work of this host's other processes (the IMDB step on 2 processes: 0.85 ms with
-/// sleeps, 1.05-1.43 ms polling every wait hard), so it yields a few thousand times, then sleeps
-/// 50 µs between polls.
-const BUSY_BYTES: usize = 1 << 20;
+/// Messages of at least this many bytes (the whole buffer, equal on every member, so that all
+/// choose alike) take the blocking collective after a polled `MPI_Ibarrier`
+/// ([`MpiGroup::arrive`]): the barrier catches a peer that never comes (the fault policy's
+/// timeout), and the blocking call runs Open MPI's tuned algorithms, where the non-blocking
+/// ones (`libnbc`) progress only while polled (measured, 2 processes: an all-gather of 4 MB at
+/// 0.15-1.0x the blocking `MPI_Allgather` non-blocking). A peer that stops in the middle of a
+/// blocking transfer is left to MPI (a process that dies ends an `mpirun` job). The
+/// reduce-scatter stays non-blocking, polled without sleeping (`MPI_Reduce_scatter_block` ran
+/// 2-5x slower than `libnbc`'s here), and so does the all-to-all (its members' byte counts
+/// differ, so they could not all choose alike). A small message's wait is mostly for the peers
+/// to arrive, and polling hard then takes a core from the shard work of this host's other
+/// processes (the IMDB step on 2 processes: 0.85 ms with sleeps, 1.05-1.43 ms polling every
+/// wait hard), so it yields a few thousand times, then sleeps 50 µs between polls.
+const LARGE_BYTES: usize = 1 << 20;
 
 /// How long a wait on a large message polls without sleeping; past this a peer is late (a
 /// checkpoint written, a slow step) and the wait sleeps between polls instead of holding a core.
@@ -102,10 +108,10 @@ const BUSY_POLL: Duration = Duration::from_secs(1);
 
 /// Polls `done` (one `MPI_Test`) until it returns true; past the timeout, ends the process
 /// naming `what`. `bytes` (the larger of what this process sends and receives) chooses how hard
-/// it polls ([`BUSY_BYTES`]).
+/// it polls ([`LARGE_BYTES`]).
 fn poll(mut done: impl FnMut() -> bool, bytes: usize, what: &str, members: &[usize]) {
     let timeout = config().collective_timeout;
-    let busy = if bytes >= BUSY_BYTES {
+    let busy = if bytes >= LARGE_BYTES {
         BUSY_POLL
     } else {
         Duration::ZERO
@@ -226,6 +232,19 @@ fn displacements(counts: &[usize]) -> Vec<i32> {
         .collect()
 }
 
+impl MpiGroup {
+    /// Waits, against the collective timeout, until every member has reached this collective
+    /// (`MPI_Ibarrier`, polled): the check before a blocking call on a large message, so that
+    /// a peer that stopped or died before it still ends the job with a message naming `what`.
+    /// The caller holds `LOCK`.
+    fn arrive(&self, what: &str) {
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: a plain non-blocking barrier on this group's communicator.
+        unsafe { ffi::MPI_Ibarrier(self.comm.0.as_raw(), &mut req) };
+        wait_raw(req, 0, what, &self.world_ranks);
+    }
+}
+
 impl ProcessGroup for MpiGroup {
     fn rank(&self) -> usize {
         self.rank
@@ -283,6 +302,21 @@ impl ProcessGroup for MpiGroup {
         let (t, o) = reduction(dtype, op);
         let n = count(send.len() / elem_bytes(dtype), what);
         let _guard = LOCK.lock().unwrap();
+        if send.len() >= LARGE_BYTES {
+            self.arrive(what);
+            // SAFETY: `send` and `recv` hold `n` elements of `t`; the call is blocking.
+            unsafe {
+                ffi::MPI_Allreduce(
+                    send.as_ptr().cast(),
+                    recv.as_mut_ptr().cast(),
+                    n,
+                    t,
+                    o,
+                    self.comm.0.as_raw(),
+                )
+            };
+            return;
+        }
         let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
         // SAFETY: `send` and `recv` hold `n` elements of `t` and outlive the wait below.
         unsafe {
@@ -375,6 +409,11 @@ impl ProcessGroup for MpiGroup {
             "burn-dtensor: a cross-process all-gather of {total} bytes exceeds MPI's 2 GiB count"
         );
         let mut part = PartitionMut::new(recv, c, d);
+        if total >= LARGE_BYTES {
+            self.arrive(what);
+            self.comm.0.all_gather_varcount_into(send, &mut part);
+            return;
+        }
         scope(|s| {
             let req = self
                 .comm
@@ -441,6 +480,11 @@ impl ProcessGroup for MpiGroup {
         }
         let len = buf.len();
         let _guard = LOCK.lock().unwrap();
+        if len >= LARGE_BYTES {
+            self.arrive(what);
+            self.comm.0.process_at_rank(root as i32).broadcast_into(buf);
+            return;
+        }
         scope(|s| {
             let req = self
                 .comm
