@@ -1,5 +1,6 @@
 //! What the decorator knows about its inner backend beyond Burn's traits: three performance
-//! traits that decide how shards run and how stacked operands are laid out. Burn 0.21 has no
+//! traits that decide how shards run and how stacked operands are laid out, and where a
+//! host-memory backend keeps a shard's bytes ([`host_bytes`]). Burn 0.21 has no
 //! trait for them, so they are read from the backend's type name, here and nowhere else. An
 //! inner backend not named here gets what suits a GPU backend: no worker threads, no dense
 //! copies, reshapes taken as views. Each answer only changes speed, never values (the
@@ -50,6 +51,43 @@ pub fn reshape_copies<B>() -> bool {
     std::any::type_name::<B>().starts_with("burn_ndarray::")
 }
 
+/// The bytes of primitive `t` read in place, for a transfer between processes that needs no
+/// copy of them: NdArray's and Flex's tensors (the `ndarray` and `flex` features, on by
+/// default) in row-major contiguous layout, numeric elements. `None` for every other backend,
+/// layout and dtype (bool; a permuted or sliced view): the caller downloads a copy then. Read
+/// from the primitive's concrete type (`Any`), as everything in this module; the answer only
+/// changes speed (the bytes are the same either way).
+pub fn host_bytes<P: 'static>(t: &P) -> Option<&[u8]> {
+    let any = t as &dyn std::any::Any;
+    #[cfg(feature = "ndarray")]
+    if let Some(t) = any.downcast_ref::<burn_ndarray::NdArrayTensor>() {
+        use burn_ndarray::NdArrayTensor as T;
+        // Only an owned array whose logical order is its memory order (`to_slice`).
+        macro_rules! bytes {
+            ($($v:ident),*) => {
+                match t {
+                    $(T::$v(s) => s.view().to_slice().map(|v| bytemuck::cast_slice(v)),)*
+                    T::Bool(_) => None,
+                }
+            };
+        }
+        return bytes!(F64, F32, I64, I32, I16, I8, U64, U32, U16, U8);
+    }
+    #[cfg(feature = "flex")]
+    if let Some(t) = any.downcast_ref::<burn_flex::FlexTensor>() {
+        if matches!(t.dtype(), burn::tensor::DType::Bool(_)) {
+            return None;
+        }
+        let es = t.dtype().size();
+        return t
+            .layout()
+            .contiguous_offsets()
+            .map(|(start, end)| &t.bytes()[start * es..end * es]);
+    }
+    let _ = any;
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use burn::backend::{Flex, NdArray};
@@ -66,6 +104,34 @@ mod tests {
         assert!(super::prefer_dense::<Flex>() && !super::prefer_dense::<NdArray>());
         assert!(super::reshape_copies::<NdArray>() && !super::reshape_copies::<Flex>());
         assert!(!super::prefer_dense::<crate::DistributedBackend<Flex>>());
+    }
+
+    /// In place where the bytes are the row-major tensor (equal to a download of it), `None`
+    /// for a permuted view and for bool.
+    #[test]
+    fn host_bytes_only_for_row_major_host_tensors() {
+        use burn::tensor::{Tensor, TensorPrimitive};
+        fn check<B: burn::tensor::backend::Backend>() {
+            let d = Default::default();
+            let t = Tensor::<B, 2>::from_data([[1.0f32, 2.0, 3.0], [4.0, 5.0, 6.0]], &d);
+            let want = t.to_data();
+            let p = match t.clone().into_primitive() {
+                TensorPrimitive::Float(p) => p,
+                TensorPrimitive::QFloat(_) => unreachable!(),
+            };
+            assert_eq!(super::host_bytes(&p), Some(want.as_bytes()));
+            let tp = match t.clone().transpose().into_primitive() {
+                TensorPrimitive::Float(p) => p,
+                TensorPrimitive::QFloat(_) => unreachable!(),
+            };
+            assert_eq!(super::host_bytes(&tp), None);
+            let b = t.greater_elem(2.0).into_primitive();
+            assert_eq!(super::host_bytes(&b), None);
+        }
+        check::<NdArray>();
+        check::<Flex>();
+        // Another backend's primitive (the decorator's own): never read in place.
+        assert_eq!(super::host_bytes(&0u32), None);
     }
 
     #[test]

@@ -27,8 +27,28 @@ fn what(kind: CollectiveKind, topo: &MeshTopology, axis: usize, shape: &[usize])
     )
 }
 
-fn nbytes(d: &TensorData) -> u64 {
-    d.as_bytes().len() as u64
+/// A primitive's bytes on the host, for a transfer: read in place where the inner backend keeps
+/// them in host memory in row-major order ([`crate::inner::host_bytes`]: NdArray, Flex), else a
+/// downloaded copy ([`Kind::into_host`]).
+enum Outgoing<P> {
+    InPlace(P),
+    Copy(TensorData),
+}
+
+impl<P: 'static> Outgoing<P> {
+    fn new<B: Backend, K: Kind<B, P = P>>(x: P) -> Self {
+        if crate::inner::host_bytes(&x).is_some() {
+            Outgoing::InPlace(x)
+        } else {
+            Outgoing::Copy(K::into_host(x))
+        }
+    }
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Outgoing::InPlace(x) => crate::inner::host_bytes(x).expect("checked in `new`"),
+            Outgoing::Copy(d) => d.as_bytes(),
+        }
+    }
 }
 
 /// The engine's process group along `axis`, when more than one process lies along it.
@@ -47,23 +67,21 @@ pub(crate) fn all_reduce<B: Backend, K: Kind<B>>(
     global: &[usize],
 ) -> (K::P, u64) {
     let device = K::device(&x);
-    let data = K::into_host(x);
-    let dtype = data.dtype;
+    let (shape, dtype) = (x.shape().to_vec(), x.dtype());
     // Half floats have no MPI type: reduced in f32.
     let wide = matches!(dtype, DType::F16 | DType::BF16);
     let data = if wide {
-        data.convert_dtype(DType::F32)
+        Outgoing::Copy(K::into_host(x).convert_dtype(DType::F32))
     } else {
-        data
+        Outgoing::new::<B, K>(x)
     };
-    let shape = data.shape.clone();
-    let n = data.as_bytes().len();
+    let n = data.bytes().len();
     let w = what(CollectiveKind::AllReduce, topo, axis, global);
     let work_dtype = if wide { DType::F32 } else { dtype };
-    // The engine reads the downloaded bytes and writes an aligned buffer that becomes the
-    // tensor as it is: no copy around the call.
+    // The engine reads the shard's bytes (in place on host-memory backends) and writes an
+    // aligned buffer that becomes the tensor as it is: no copy around the call.
     let mut recv = HostBuffer::zeroed(n, work_dtype);
-    pg.all_reduce_into(data.as_bytes(), recv.as_bytes_mut(), work_dtype, op, &w);
+    pg.all_reduce_into(data.bytes(), recv.as_bytes_mut(), work_dtype, op, &w);
     drop(data);
     let p = pg.size() as u64;
     let mut out = recv.into_data(shape, work_dtype);
@@ -93,26 +111,24 @@ pub(crate) fn reduce_scatter<B: Backend, K: Kind<B>>(
         .chain((0..rank).filter(|&d| d != dim))
         .collect();
     let x = if dim == 0 { x } else { K::permute(x, &perm) };
-    let data = K::into_host(x);
-    let dtype = data.dtype;
+    let (mut shape, dtype) = (x.shape().to_vec(), x.dtype());
     // Half floats have no MPI type: reduced in f32.
     let wide = matches!(dtype, DType::F16 | DType::BF16);
     let data = if wide {
-        data.convert_dtype(DType::F32)
+        Outgoing::Copy(K::into_host(x).convert_dtype(DType::F32))
     } else {
-        data
+        Outgoing::new::<B, K>(x)
     };
-    let work_dtype = data.dtype;
-    let mut shape = data.shape.clone();
+    let work_dtype = if wide { DType::F32 } else { dtype };
     let n = shape[0];
-    let row = data.as_bytes().len().checked_div(n).unwrap_or(0);
+    let row = data.bytes().len().checked_div(n).unwrap_or(0);
     let (k, l) = (topo.axis_size(axis), topo.local_axis_size(axis));
     let (p, me) = (pg.size(), pg.rank());
     let counts: Vec<usize> = (0..p).map(|q| block(n, k, l, q).len() * row).collect();
     let w = what(CollectiveKind::ReduceScatter, topo, axis, global);
     let mut recv = HostBuffer::zeroed(counts[me], work_dtype);
     pg.reduce_scatter_into(
-        data.as_bytes(),
+        data.bytes(),
         &counts,
         recv.as_bytes_mut(),
         work_dtype,
@@ -188,8 +204,8 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
     };
     let numel = |b: &[Range<usize>]| b.iter().map(|r| r.len()).product::<usize>();
     // One round: each member downloaded once, whole, and cut on the host.
-    let hosts: Vec<TensorData> = if rounds == 1 {
-        members.drain(..).map(K::into_host).collect()
+    let hosts: Vec<Outgoing<K::P>> = if rounds == 1 {
+        members.drain(..).map(Outgoing::new::<B, K>).collect()
     } else {
         Vec::new()
     };
@@ -215,12 +231,12 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
             let part = boxed(q, r);
             if rounds == 1 {
                 for d in &hosts {
-                    host::append_box(&shape, es, d.as_bytes(), &part, &mut send);
+                    host::append_box(&shape, es, d.bytes(), &part, &mut send);
                 }
             } else if numel(&part) > 0 {
                 for m in &members {
                     let slice = K::narrow(m.clone(), dim, part[dim].clone());
-                    send.extend_from_slice(K::into_host(slice).as_bytes());
+                    send.extend_from_slice(Outgoing::new::<B, K>(slice).bytes());
                 }
             }
             send_counts.push(send.len() - at);
@@ -257,12 +273,12 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
         drop(blocks);
         match &mut out {
             Some(out) => {
-                let bytes = K::into_host(piece);
+                let bytes = Outgoing::new::<B, K>(piece);
                 host::write_box(
                     &out_shape,
                     es,
                     &mine_box(r),
-                    bytes.as_bytes(),
+                    bytes.bytes(),
                     out.as_bytes_mut(),
                 )
             }
@@ -314,11 +330,11 @@ pub(crate) fn all_reduce_ordered<B: Backend, K: Kind<B>>(
         .collect();
     let w = what(CollectiveKind::AllReduce, topo, axis, global);
     let (mine, got) = reduce_own_block::<B, K>(flat, pg, 0, &part, &w, &reduce);
-    let mine = K::into_host(mine);
+    let mine = Outgoing::new::<B, K>(mine);
     let counts: Vec<usize> = (0..p).map(|q| part(q).len() * es).collect();
     let mut all = HostBuffer::zeroed(m * es, dtype);
-    pg.all_gather_into(mine.as_bytes(), &counts, all.as_bytes_mut(), &w);
-    let received = got + (m * es - mine.as_bytes().len()) as u64;
+    pg.all_gather_into(mine.bytes(), &counts, all.as_bytes_mut(), &w);
+    let received = got + (m * es - mine.bytes().len()) as u64;
     drop(mine);
     let out = K::from_data(all.into_data(shape.to_vec(), dtype), &device);
     (out, received)
@@ -363,8 +379,8 @@ pub(crate) fn all_to_all<B: Backend, K: Kind<B>>(
     global: &[usize],
 ) -> (K::P, u64) {
     let device = K::device(&x);
-    let data = K::into_host(x);
-    let (shape, dtype) = (data.shape.clone(), data.dtype);
+    let (shape, dtype) = (x.shape().to_vec(), x.dtype());
+    let data = Outgoing::new::<B, K>(x);
     let es = dtype.size();
     let (k, l) = (topo.axis_size(axis), topo.local_axis_size(axis));
     let (p, me) = (pg.size(), pg.rank());
@@ -374,12 +390,12 @@ pub(crate) fn all_to_all<B: Backend, K: Kind<B>>(
             .map(|i| if i == d { r.clone() } else { 0..base[i] })
             .collect()
     };
-    let mut send = Vec::with_capacity(data.as_bytes().len());
+    let mut send = Vec::with_capacity(data.bytes().len());
     let mut send_counts = Vec::with_capacity(p);
     for q in 0..p {
         let at = send.len();
         let part = with(&shape, to_dim, block(n_to, k, l, q));
-        host::append_box(&shape, es, data.as_bytes(), &part, &mut send);
+        host::append_box(&shape, es, data.bytes(), &part, &mut send);
         send_counts.push(send.len() - at);
     }
     drop(data);
@@ -438,9 +454,8 @@ pub(crate) fn all_gather<B: Backend, K: Kind<B>>(
     global: &[usize],
 ) -> (K::P, u64) {
     let device = K::device(&x);
-    let data = K::into_host(x);
-    let dtype = data.dtype;
-    let mut full: Vec<usize> = data.shape.to_vec();
+    let (mut full, dtype) = (x.shape().to_vec(), x.dtype());
+    let data = Outgoing::new::<B, K>(x);
     let n = global[dim];
     full[dim] = n;
     let (k, l) = (topo.axis_size(axis), topo.local_axis_size(axis));
@@ -454,10 +469,10 @@ pub(crate) fn all_gather<B: Backend, K: Kind<B>>(
     let blocks: Vec<Range<usize>> = (0..pg.size()).map(|q| block(n, k, l, q)).collect();
     let counts: Vec<usize> = blocks.iter().map(|b| b.len() * row).collect();
     let w = what(CollectiveKind::AllGather, topo, axis, global);
-    let sent = nbytes(&data);
+    let sent = data.bytes().len() as u64;
     let total: usize = counts.iter().sum();
     let mut all = HostBuffer::zeroed(total, dtype);
-    pg.all_gather_into(data.as_bytes(), &counts, all.as_bytes_mut(), &w);
+    pg.all_gather_into(data.bytes(), &counts, all.as_bytes_mut(), &w);
     drop(data);
     let boxes: Vec<Vec<Range<usize>>> = blocks
         .iter()
