@@ -63,6 +63,33 @@ impl HostBuffer {
     }
 }
 
+/// The largest send buffer [`scratch`] keeps between calls: a larger one is freed after its use
+/// (a model bigger than a process must not hold a tensor's worth of bytes forever).
+const SCRATCH_MAX: usize = 16 << 20;
+
+thread_local! {
+    static SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// An empty byte buffer to assemble a transfer's send side in, reused between calls on this
+/// thread (up to [`SCRATCH_MAX`] bytes of capacity): a fresh buffer's pages are faulted in (and
+/// zeroed by the kernel) on every call, which cost more than the copy into it. Give it back
+/// with [`return_scratch`].
+pub fn scratch(capacity: usize) -> Vec<u8> {
+    let mut v = SCRATCH.with(|s| s.take());
+    v.clear();
+    v.reserve(capacity);
+    v
+}
+
+/// Keeps `v` for the next [`scratch`] on this thread when its capacity is at most
+/// [`SCRATCH_MAX`]; frees it otherwise.
+pub fn return_scratch(v: Vec<u8>) {
+    if v.capacity() <= SCRATCH_MAX {
+        SCRATCH.with(|s| s.set(v));
+    }
+}
+
 fn strides(shape: &[usize]) -> Vec<usize> {
     let mut s = vec![1; shape.len()];
     for d in (0..shape.len().saturating_sub(1)).rev() {
@@ -146,11 +173,14 @@ pub fn append_box(
 ) {
     let at = out.len();
     let n: usize = ranges.iter().map(|r| r.len()).product();
-    out.resize(at + n * elem, 0);
-    let dst = &mut out[at..];
+    // Runs come in the box's row-major order, so they are appended as they come (no zeroing
+    // of the destination first: that memset was half of an all-to-all's send side).
+    out.reserve(n * elem);
     for_each_run(shape, ranges, |s, d, n| {
-        dst[d * elem..(d + n) * elem].copy_from_slice(&src[s * elem..(s + n) * elem])
+        debug_assert_eq!(at + d * elem, out.len());
+        out.extend_from_slice(&src[s * elem..(s + n) * elem])
     });
+    debug_assert_eq!(out.len(), at + n * elem);
 }
 
 /// The boxes `boxes` of a host tensor, each row-major, one after the other, as one host tensor

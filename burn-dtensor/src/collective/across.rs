@@ -234,7 +234,7 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
     let mut received = 0u64;
     for r in 0..rounds {
         // Process q's parts: slice r of its range of each member, member-major.
-        let mut send = Vec::new();
+        let mut send = host::scratch(0);
         let mut send_counts = Vec::with_capacity(p);
         for q in 0..p {
             let at = send.len();
@@ -261,7 +261,7 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
             got.as_bytes_mut(),
             w,
         );
-        drop(send);
+        host::return_scratch(send);
         received += ((p - 1) * l * c * es) as u64;
         if c == 0 {
             continue;
@@ -400,7 +400,7 @@ pub(crate) fn all_to_all<B: Backend, K: Kind<B>>(
             .map(|i| if i == d { r.clone() } else { 0..base[i] })
             .collect()
     };
-    let mut send = Vec::with_capacity(data.bytes().len());
+    let mut send = host::scratch(data.bytes().len());
     let mut send_counts = Vec::with_capacity(p);
     for q in 0..p {
         let at = send.len();
@@ -425,7 +425,7 @@ pub(crate) fn all_to_all<B: Backend, K: Kind<B>>(
     let mut got = HostBuffer::zeroed(total, dtype);
     pg.all_to_all_into(&send, &send_counts, &recv_counts, got.as_bytes_mut(), &w);
     let received = (total - recv_counts[me]) as u64;
-    drop(send);
+    host::return_scratch(send);
     // Blocks that lie end to end (of a leading dim) need no assembly.
     let out = if host::consecutive(&out_shape, &boxes) {
         got
