@@ -62,7 +62,8 @@ pub fn host_bytes<P: 'static>(t: &P) -> Option<&[u8]> {
     #[cfg(feature = "ndarray")]
     if let Some(t) = any.downcast_ref::<burn_ndarray::NdArrayTensor>() {
         use burn_ndarray::NdArrayTensor as T;
-        // Only an owned array whose logical order is its memory order (`to_slice`).
+        // Only an array (owned or borrowed) whose logical order is its memory order
+        // (`to_slice`).
         macro_rules! bytes {
             ($($v:ident),*) => {
                 match t {

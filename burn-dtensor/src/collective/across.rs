@@ -43,8 +43,9 @@ impl<P: TensorMetadata + Clone + 'static> Outgoing<P> {
         // A permuted or strided view on a host backend (a transposed operand of a contraction):
         // one row-major copy by the backend (NdArray lays a reshape out in row-major order),
         // read in place. A download of the view itself walked it element by element (NdArray:
-        // 38% of the spatial-mode step on 2 processes).
-        if crate::inner::threads_for::<B>() {
+        // 38% of the spatial-mode step on 2 processes). Bool is never read in place
+        // ([`crate::inner::host_bytes`]), so it goes straight to the download.
+        if crate::inner::threads_for::<B>() && !matches!(x.dtype(), DType::Bool(_)) {
             let shape = x.shape();
             let y = K::reshape(x.clone(), shape);
             if crate::inner::host_bytes(&y).is_some() {
@@ -58,6 +59,21 @@ impl<P: TensorMetadata + Clone + 'static> Outgoing<P> {
             Outgoing::InPlace(x) => crate::inner::host_bytes(x).expect("checked in `new`"),
             Outgoing::Copy(d) => d.as_bytes(),
         }
+    }
+}
+
+/// The bytes of `x` for an engine reduction and the dtype they are reduced in: half floats have
+/// no MPI type and are downloaded widened to f32 (the caller narrows the result back), every
+/// other dtype as it is ([`Outgoing::new`]).
+fn for_reduction<B: Backend, K: Kind<B>>(x: K::P) -> (Outgoing<K::P>, DType) {
+    if matches!(x.dtype(), DType::F16 | DType::BF16) {
+        (
+            Outgoing::Copy(K::into_host(x).convert_dtype(DType::F32)),
+            DType::F32,
+        )
+    } else {
+        let dtype = x.dtype();
+        (Outgoing::new::<B, K>(x), dtype)
     }
 }
 
@@ -78,26 +94,16 @@ pub(crate) fn all_reduce<B: Backend, K: Kind<B>>(
 ) -> (K::P, u64) {
     let device = K::device(&x);
     let (shape, dtype) = (x.shape().to_vec(), x.dtype());
-    // Half floats have no MPI type: reduced in f32.
-    let wide = matches!(dtype, DType::F16 | DType::BF16);
-    let data = if wide {
-        Outgoing::Copy(K::into_host(x).convert_dtype(DType::F32))
-    } else {
-        Outgoing::new::<B, K>(x)
-    };
+    let (data, work_dtype) = for_reduction::<B, K>(x);
     let n = data.bytes().len();
     let w = what(CollectiveKind::AllReduce, topo, axis, global);
-    let work_dtype = if wide { DType::F32 } else { dtype };
     // The engine reads the shard's bytes (in place on host-memory backends) and writes an
     // aligned buffer that becomes the tensor as it is: no copy around the call.
     let mut recv = HostBuffer::zeroed(n, work_dtype);
     pg.all_reduce_into(data.bytes(), recv.as_bytes_mut(), work_dtype, op, &w);
     drop(data);
     let p = pg.size() as u64;
-    let mut out = recv.into_data(shape, work_dtype);
-    if wide {
-        out = out.convert_dtype(dtype);
-    }
+    let out = recv.into_data(shape, work_dtype).convert_dtype(dtype);
     (K::from_data(out, &device), 2 * (p - 1) * n as u64 / p)
 }
 
@@ -122,14 +128,7 @@ pub(crate) fn reduce_scatter<B: Backend, K: Kind<B>>(
         .collect();
     let x = if dim == 0 { x } else { K::permute(x, &perm) };
     let (mut shape, dtype) = (x.shape().to_vec(), x.dtype());
-    // Half floats have no MPI type: reduced in f32.
-    let wide = matches!(dtype, DType::F16 | DType::BF16);
-    let data = if wide {
-        Outgoing::Copy(K::into_host(x).convert_dtype(DType::F32))
-    } else {
-        Outgoing::new::<B, K>(x)
-    };
-    let work_dtype = if wide { DType::F32 } else { dtype };
+    let (data, work_dtype) = for_reduction::<B, K>(x);
     let n = shape[0];
     let row = data.bytes().len().checked_div(n).unwrap_or(0);
     let (k, l) = (topo.axis_size(axis), topo.local_axis_size(axis));
@@ -147,11 +146,10 @@ pub(crate) fn reduce_scatter<B: Backend, K: Kind<B>>(
     );
     drop(data);
     shape[0] = block(n, k, l, me).len();
-    let mut out = recv.into_data(shape, work_dtype);
-    if wide {
-        out = out.convert_dtype(dtype);
-    }
-    let out = K::from_data(out, &device);
+    let out = K::from_data(
+        recv.into_data(shape, work_dtype).convert_dtype(dtype),
+        &device,
+    );
     let out = if dim == 0 {
         out
     } else {
@@ -268,15 +266,13 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
         }
         // Every member's slice, in coordinate order (process-major, then its members): views
         // of one tensor made of the received buffer as it is (no copy per block).
-        let mine_shape: Vec<usize> = mine.iter().map(|r| r.len()).collect();
-        let all = K::from_data(got.into_data([p * l, c], dtype), &device);
+        // The blocks lie end to end along dim 0 of the box's shape, so each is a narrow of it.
+        let mut all_shape: Vec<usize> = mine.iter().map(|r| r.len()).collect();
+        let rows = all_shape[0];
+        all_shape[0] *= p * l;
+        let all = K::from_data(got.into_data(all_shape, dtype), &device);
         let blocks: Vec<K::P> = (0..p * l)
-            .map(|j| {
-                K::reshape(
-                    K::narrow(all.clone(), 0, j..j + 1),
-                    Shape::from(mine_shape.clone()),
-                )
-            })
+            .map(|j| K::narrow(all.clone(), 0, j * rows..(j + 1) * rows))
             .collect();
         drop(all);
         let piece = reduce(&blocks);

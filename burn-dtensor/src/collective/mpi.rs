@@ -285,7 +285,8 @@ impl ProcessGroup for MpiGroup {
             .collect();
         Arc::new(g)
     }
-    /// `MPI_Iallreduce` from `send` into `recv`, both the caller's bytes.
+    /// From `send` into `recv`, both the caller's bytes: `MPI_Iallreduce`, or the blocking
+    /// `MPI_Allreduce` for a large message ([`LARGE_BYTES`]).
     fn all_reduce_into(
         &self,
         send: &[u8],
