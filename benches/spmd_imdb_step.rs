@@ -4,7 +4,9 @@
 //! 8/N of the devices, collectives across processes on MPI).
 //!
 //! `cargo bench --features mpi --bench spmd_imdb_step`: rank 0 prints the median of 100 steps
-//! (after 10 warm-up steps) per mode and both cross-process reductions. Every process runs the
+//! (after 10 warm-up steps) per mode and both cross-process reductions, on the tutorial's
+//! 8-device meshes and on meshes of 2 devices (one device per process on 2 processes, against
+//! the same mesh in one process). Every process runs the
 //! same fixed number of steps (criterion's adaptive sampling would desynchronise the ranks).
 //! Machines with fewer cores than processes measure overhead, not scaling. Figures in NOTES.md.
 
@@ -24,11 +26,24 @@ use common::batch;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Median step time (ms) of `mode` on this world.
-fn median_step(mode: Mode, stacked: bool, steps: usize) -> f64 {
+/// The mesh of `mode` over 8 devices (the tutorial's), or a mesh of 2 devices of the same style
+/// (size-1 axes keep the tutorial's layout maps valid): `batch=2`; `batch=1,model=2`;
+/// `batch=1,feature=2,model=1` (the input and `dense1.weight` sharded over `feature`).
+fn mesh_of(mode: Mode, devices: usize) -> &'static str {
+    match (mode, devices) {
+        (_, 8) => mode.default_mesh(),
+        (Mode::Data, 2) => "batch=2",
+        (Mode::Model, 2) => "batch=1,model=2",
+        (Mode::Spatial, 2) => "batch=1,feature=2,model=1",
+        _ => unreachable!("meshes of 8 and 2 devices only"),
+    }
+}
+
+/// Median step time (ms) of `mode` on a mesh of `devices` devices ([`mesh_of`]) on this world.
+fn median_step(mode: Mode, devices: usize, stacked: bool, steps: usize) -> f64 {
     let p = Distributed::<NdArray>::new(
-        mode.default_mesh(),
-        8,
+        mesh_of(mode, devices),
+        devices,
         Default::default(),
         LayoutMap::from_toml_str(mode.default_layout_map()).unwrap(),
     )
@@ -61,26 +76,31 @@ fn median_step(mode: Mode, stacked: bool, steps: usize) -> f64 {
     times[times.len() / 2]
 }
 
-fn run_all(steps: usize) {
+/// Prints one line per mode for the meshes of `devices` devices (8: the tutorial's; 2: one
+/// device per process on 2 processes), when the world's processes can split them.
+fn run_all(devices: usize, steps: usize) {
     let world = spmd::init().expect("joining the world");
     let n = world.size();
+    if !devices.is_multiple_of(n) {
+        return;
+    }
     for mode in [Mode::Data, Mode::Model, Mode::Spatial] {
+        let name = format!("{mode:?}").to_lowercase();
+        let mesh = mesh_of(mode, devices);
         if n == 1 {
-            let stacked = median_step(mode, true, steps);
-            let per_device = median_step(mode, false, steps);
+            let stacked = median_step(mode, devices, true, steps);
+            let per_device = median_step(mode, devices, false, steps);
             println!(
-                "{:<8} 1 process   stacked {stacked:7.2} ms   per device {per_device:7.2} ms",
-                format!("{mode:?}").to_lowercase()
+                "{name:<8} {mesh:<26} 1 process   stacked {stacked:7.2} ms   per device {per_device:7.2} ms"
             );
         } else {
             burn_dtensor::configure(burn_dtensor::config().with_reduction(Reduction::Ordered));
-            let ordered = median_step(mode, false, steps);
+            let ordered = median_step(mode, devices, false, steps);
             burn_dtensor::configure(burn_dtensor::config().with_reduction(Reduction::Engine));
-            let engine = median_step(mode, false, steps);
+            let engine = median_step(mode, devices, false, steps);
             if world.is_chief() {
                 println!(
-                    "{:<8} {n} processes ordered {ordered:7.2} ms   engine     {engine:7.2} ms",
-                    format!("{mode:?}").to_lowercase()
+                    "{name:<8} {mesh:<26} {n} processes ordered {ordered:7.2} ms   engine     {engine:7.2} ms"
                 );
             }
         }
@@ -91,7 +111,8 @@ fn main() {
     // `cargo test --all-targets` runs this binary without `--bench`: 2 timed steps, 1 and 2
     // processes, a smoke test.
     let steps = if common::smoke() { 2 } else { 100 };
-    run_all(steps);
+    run_all(8, steps);
+    run_all(2, steps);
     if spmd::LaunchEnv::detect().is_ok_and(|l| l.is_multi_process()) {
         return;
     }
