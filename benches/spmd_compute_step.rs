@@ -77,8 +77,8 @@ fn data(width: usize, batch: usize) -> (TensorData, TensorData) {
     )
 }
 
-/// Median time (ms) of `steps` training steps, after 2 warm-up steps, of the model made by
-/// `model` on inputs made by `input`.
+/// Median time (ms) of `steps` training steps of `model` on inputs `x` and targets `y`, after 2
+/// warm-up steps.
 fn median_step<B: AutodiffBackend>(
     mut model: TwoLinear<B>,
     x: Tensor<B, 2>,

@@ -217,10 +217,8 @@ pub fn append_box(
 /// memory speed where a strided view's materialisation walks it element by element
 /// ([`permute_run`] gives the run length: a caller may prefer another path when it is short).
 pub fn for_each_permuted_run(shape: &[usize], order: &[usize], f: &mut dyn FnMut(usize, usize)) {
-    let rank = shape.len();
-    let kept = (0..rank).rev().take_while(|&i| order[i] == i).count();
-    let lead = rank - kept;
-    let run: usize = shape[lead..].iter().product();
+    let lead = moved_dims(order);
+    let run = permute_run(shape, order);
     let st = strides(shape);
     let out_shape: Vec<usize> = order[..lead].iter().map(|&d| shape[d]).collect();
     let count: usize = out_shape.iter().product();
@@ -239,9 +237,17 @@ pub fn for_each_permuted_run(shape: &[usize], order: &[usize], f: &mut dyn FnMut
 
 /// Elements per contiguous run of [`for_each_permuted_run`] for `shape` and `order`.
 pub fn permute_run(shape: &[usize], order: &[usize]) -> usize {
-    let rank = shape.len();
-    let kept = (0..rank).rev().take_while(|&i| order[i] == i).count();
-    shape[rank - kept..].iter().product()
+    shape[moved_dims(order)..].iter().product()
+}
+
+/// How many leading dims a permutation `order` moves: the trailing dims after them keep their
+/// place.
+fn moved_dims(order: &[usize]) -> usize {
+    let kept = (0..order.len())
+        .rev()
+        .take_while(|&i| order[i] == i)
+        .count();
+    order.len() - kept
 }
 
 /// The boxes `boxes` of a host tensor, each row-major, one after the other, as one host tensor
@@ -280,12 +286,9 @@ pub fn stack(
         );
         return Ok(out.into_data(shape, data.dtype));
     }
+    // Bytes not aligned for their elements: the same runs, copied as bytes.
     let mut out = Vec::with_capacity(total * es);
-    for ranges in boxes {
-        for_each_run(&whole, ranges, |s, _, n| {
-            out.extend_from_slice(&src[s * es..(s + n) * es])
-        });
-    }
+    runs(&mut |s, n| out.extend_from_slice(&src[s * es..(s + n) * es]));
     debug_assert_eq!(out.len(), total * es, "boxes must fill the stacked shape");
     Ok(TensorData::from_bytes_vec(out, shape, data.dtype))
 }
