@@ -89,6 +89,160 @@ pub fn host_bytes<P: 'static>(t: &P) -> Option<&[u8]> {
     None
 }
 
+/// The bytes of a host tensor primitive for writing in place: [`host_bytes`]'s bytes where,
+/// besides, this primitive is their only owner (no clone or view of it shares them), so that a
+/// collective can write its result over its input (an in-place all-reduce) and the primitive
+/// then holds the result. `None` where [`host_bytes`] is `None` or the storage is shared: the
+/// caller writes into a new buffer then.
+pub fn host_bytes_mut<P: 'static>(t: &mut P) -> Option<&mut [u8]> {
+    let any = t as &mut dyn std::any::Any;
+    #[cfg(feature = "ndarray")]
+    if any.is::<burn_ndarray::NdArrayTensor>() {
+        use burn_ndarray::NdArrayTensor as T;
+        let t = any.downcast_mut::<T>().expect("checked");
+        // Owned and unique (a borrowed storage is never), in standard layout: `as_slice_mut`
+        // would otherwise copy (copy-on-write) or give `None`.
+        macro_rules! bytes {
+            ($($v:ident),*) => {
+                match t {
+                    $(T::$v(s) => {
+                        if !s.is_owned() || !s.is_unique() {
+                            return None;
+                        }
+                        s.ensure_owned().as_slice_mut().map(|v| bytemuck::cast_slice_mut(v))
+                    })*
+                    T::Bool(_) => None,
+                }
+            };
+        }
+        return bytes!(F64, F32, I64, I32, I16, I8, U64, U32, U16, U8);
+    }
+    #[cfg(feature = "flex")]
+    if any.is::<burn_flex::FlexTensor>() {
+        use burn::tensor::DType;
+        let t = any
+            .downcast_mut::<burn_flex::FlexTensor>()
+            .expect("checked");
+        let es = t.dtype().size();
+        let (start, end) = t.layout().contiguous_offsets()?;
+        macro_rules! bytes {
+            ($($d:ident => $e:ty),*) => {
+                match t.dtype() {
+                    $(DType::$d => t
+                        .try_storage_mut::<$e>()
+                        .map(|v| bytemuck::cast_slice_mut::<$e, u8>(v)),)*
+                    _ => None,
+                }
+            };
+        }
+        let all = bytes!(F64 => f64, F32 => f32, I64 => i64, I32 => i32, I16 => i16, I8 => i8,
+            U64 => u64, U32 => u32, U16 => u16, U8 => u8)?;
+        return Some(&mut all[start * es..end * es]);
+    }
+    let _ = any;
+    None
+}
+
+/// NdArray's product of two float shards (`[.., m, k] @ [.., k, n]`, batch dims equal or 1,
+/// f32 or f64, any strides), computed as NdArray's `float_matmul` computes it (ndarray's
+/// `general_mat_mul`, i.e. `matrixmultiply`'s GEMM, into a zeroed row-major output) but on the
+/// operands as they lie. NdArray's matmul reshapes both operands to rank 3 first, and its
+/// reshape copies (even a contiguous array: [`reshape_copies`]); a transposed operand is walked
+/// element by element; the output is copied once more by the reshape back. With two
+/// `Linear(4096, 4096)` layers at batch 256 that is four 64 MiB weight copies a step, with their
+/// fresh pages. The GEMM packs its operands into blocks whatever their strides, so every output
+/// element is the same sequence of operations: bitwise NdArray's result (tested below).
+/// Batched and broadcast products too (one GEMM per output matrix). `None` for any other
+/// backend or dtype and for shapes NdArray would reject: the caller uses the backend's matmul.
+pub fn matmul_strided<P: 'static>(lhs: &P, rhs: &P) -> Option<P> {
+    #[cfg(feature = "ndarray")]
+    {
+        use burn_ndarray::NdArrayTensor as T;
+        let (a, b) = (
+            (lhs as &dyn std::any::Any).downcast_ref::<T>()?,
+            (rhs as &dyn std::any::Any).downcast_ref::<T>()?,
+        );
+        let out: T = match (a, b) {
+            (T::F32(a), T::F32(b)) => gemm(a.view(), b.view(), (1.0, 0.0))?.into(),
+            (T::F64(a), T::F64(b)) => gemm(a.view(), b.view(), (1.0, 0.0))?.into(),
+            _ => return None,
+        };
+        let out: Box<dyn std::any::Any> = Box::new(out);
+        return out.downcast::<P>().ok().map(|p| *p);
+    }
+    #[allow(unreachable_code)]
+    {
+        let _ = (lhs, rhs);
+        None
+    }
+}
+
+/// [`matmul_strided`]'s product on ndarray views: `None` unless both have the same rank (at
+/// least 2), matching inner dims and batch dims that are equal or 1 (broadcast). The output's
+/// matrices are computed one after the other on the calling thread (the GEMM threads a large
+/// one itself): NdArray's matmul spreads them over Rayon's pool, and doing so here made the
+/// 8-device IMDB step slower (model mode 0.73 -> 1.03 ms; serial 0.65 ms), the decorator
+/// already running the shards of small ops on the pool or the calling thread by their size.
+/// `(one, zero)`: the GEMM's `alpha` and `beta`, as NdArray passes them.
+#[cfg(feature = "ndarray")]
+fn gemm<E: ndarray::LinalgScalar>(
+    a: ndarray::ArrayView<'_, E, ndarray::IxDyn>,
+    b: ndarray::ArrayView<'_, E, ndarray::IxDyn>,
+    (one, zero): (E, E),
+) -> Option<ndarray::ArcArray<E, ndarray::IxDyn>> {
+    use ndarray::{ArrayView2, ArrayViewMut2, Axis, Ix2};
+    let r = a.ndim();
+    if r < 2 || b.ndim() != r {
+        return None;
+    }
+    let (m, k, k2, n) = (
+        a.shape()[r - 2],
+        a.shape()[r - 1],
+        b.shape()[r - 2],
+        b.shape()[r - 1],
+    );
+    let mut batch = Vec::with_capacity(r - 2);
+    for (&x, &y) in a.shape()[..r - 2].iter().zip(&b.shape()[..r - 2]) {
+        if x != y && x != 1 && y != 1 {
+            return None;
+        }
+        batch.push(x.max(y));
+    }
+    if k != k2 {
+        return None;
+    }
+    // Matrix `i` (row-major over the output's batch dims) of an operand, a broadcast dim
+    // giving its only matrix.
+    fn matrix<'a, E>(
+        mut v: ndarray::ArrayView<'a, E, ndarray::IxDyn>,
+        batch: &[usize],
+        mut i: usize,
+    ) -> ArrayView2<'a, E> {
+        let mut index = vec![0; batch.len()];
+        for d in (0..batch.len()).rev() {
+            index[d] = i % batch[d];
+            i /= batch[d];
+        }
+        for at in index {
+            let at = if v.shape()[0] == 1 { 0 } else { at };
+            v = v.index_axis_move(Axis(0), at);
+        }
+        v.into_dimensionality::<Ix2>().expect("rank 2 left")
+    }
+    let matrices: usize = batch.iter().product();
+    let mut out = vec![zero; matrices * m * n];
+    let one_matrix = |(i, c): (usize, &mut [E])| {
+        let mut c = ArrayViewMut2::from_shape((m, n), c).expect("m * n elements");
+        let (x, y) = (matrix(a.view(), &batch, i), matrix(b.view(), &batch, i));
+        ndarray::linalg::general_mat_mul(one, &x, &y, zero, &mut c);
+    };
+    if m * n > 0 {
+        out.chunks_mut(m * n).enumerate().for_each(one_matrix);
+    }
+    batch.extend([m, n]);
+    ndarray::ArcArray::from_shape_vec(ndarray::IxDyn(&batch), out).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use burn::backend::{Flex, NdArray};
@@ -133,6 +287,133 @@ mod tests {
         check::<Flex>();
         // Another backend's primitive (the decorator's own): never read in place.
         assert_eq!(super::host_bytes(&0u32), None);
+    }
+
+    /// Writable in place only where the primitive owns its bytes alone: the bytes are
+    /// [`super::host_bytes`]'s, a write through them is the tensor's new value, and a clone (or
+    /// a transposed view) gives `None`.
+    #[test]
+    fn host_bytes_mut_only_for_unshared_row_major_host_tensors() {
+        use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+        fn prim<B: burn::tensor::backend::Backend>(t: Tensor<B, 2>) -> B::FloatTensorPrimitive {
+            match t.into_primitive() {
+                TensorPrimitive::Float(p) => p,
+                TensorPrimitive::QFloat(_) => unreachable!(),
+            }
+        }
+        fn check<B: burn::tensor::backend::Backend>() {
+            let d = Default::default();
+            let t = Tensor::<B, 2>::from_data([[1.0f32, 2.0, 3.0], [4.0, 5.0, 6.0]], &d);
+            let mut p = prim(t.clone() * 1.0);
+            let want = super::host_bytes(&p).map(|b| b.to_vec());
+            let bytes = super::host_bytes_mut(&mut p).expect("unique row-major");
+            assert_eq!(Some(bytes.to_vec()), want);
+            bytes[..4].copy_from_slice(&10.0f32.to_ne_bytes());
+            let back = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(p)).into_data();
+            back.assert_eq(
+                &TensorData::from([[10.0f32, 2.0, 3.0], [4.0, 5.0, 6.0]]),
+                true,
+            );
+            // Shared with a clone: not writable (the clone would see the write).
+            let mut shared = prim(t.clone() * 1.0);
+            let keep = shared.clone();
+            assert!(super::host_bytes_mut(&mut shared).is_none());
+            drop(keep);
+            // A transposed view.
+            let mut tp = prim((t * 1.0).transpose());
+            assert!(super::host_bytes_mut(&mut tp).is_none());
+        }
+        check::<NdArray>();
+        check::<Flex>();
+        assert!(super::host_bytes_mut(&mut 0u32).is_none());
+    }
+
+    /// NdArray's GEMM on the operands as they lie gives bitwise NdArray's `float_matmul` (which
+    /// copies both to row-major first): row-major and transposed operands, rank 2 and rank 3
+    /// with a leading 1, shapes past the GEMM's blocking (`k` over 256, edge tiles), f32 and
+    /// f64, batched and broadcast; `None` for incompatible shapes and another backend.
+    #[test]
+    fn strided_matmul_is_bitwise_ndarrays() {
+        use burn::tensor::ops::FloatTensorOps;
+        use burn::tensor::{Distribution, Tensor, TensorPrimitive};
+        fn prim<const D: usize>(t: Tensor<NdArray, D>) -> burn_ndarray::NdArrayTensor {
+            match t.into_primitive() {
+                TensorPrimitive::Float(p) => p,
+                TensorPrimitive::QFloat(_) => unreachable!(),
+            }
+        }
+        fn operand(
+            rows: usize,
+            cols: usize,
+            transposed: bool,
+            dtype: burn::tensor::DType,
+        ) -> Tensor<NdArray, 2> {
+            let d = Default::default();
+            let (r, c) = if transposed {
+                (cols, rows)
+            } else {
+                (rows, cols)
+            };
+            let t = Tensor::<NdArray, 2>::random([r, c], Distribution::Normal(0.0, 1.0), &d)
+                .cast(dtype);
+            if transposed { t.transpose() } else { t }
+        }
+        let mut checked = 0;
+        for dtype in [burn::tensor::DType::F32, burn::tensor::DType::F64] {
+            for (m, k, n) in [
+                (1, 1, 1),
+                (3, 5, 7),
+                (17, 300, 9),
+                (64, 513, 33),
+                (130, 64, 1),
+            ] {
+                for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+                    let (a, b) = (operand(m, k, ta, dtype), operand(k, n, tb, dtype));
+                    let want = <NdArray as FloatTensorOps<NdArray>>::float_matmul(
+                        prim(a.clone()),
+                        prim(b.clone()),
+                    );
+                    let got = super::matmul_strided(&prim(a.clone()), &prim(b.clone()))
+                        .expect("one matrix each");
+                    let as_data = |p| {
+                        Tensor::<NdArray, 2>::from_primitive(TensorPrimitive::Float(p)).into_data()
+                    };
+                    assert_eq!(
+                        as_data(got),
+                        as_data(want),
+                        "{dtype:?} {m}x{k}x{n} {ta} {tb}"
+                    );
+                    // Rank 3 with a leading 1.
+                    let (a3, b3) = (a.unsqueeze::<3>(), b.unsqueeze::<3>());
+                    let want = <NdArray as FloatTensorOps<NdArray>>::float_matmul(
+                        prim(a3.clone()),
+                        prim(b3.clone()),
+                    );
+                    let got = super::matmul_strided(&prim(a3), &prim(b3)).expect("leading 1");
+                    let as_data = |p| {
+                        Tensor::<NdArray, 3>::from_primitive(TensorPrimitive::Float(p)).into_data()
+                    };
+                    assert_eq!(as_data(got), as_data(want));
+                    checked += 1;
+                }
+            }
+        }
+        assert_eq!(checked, 40);
+        // Batched and broadcast (a stacked shard times a replicated weight), with a
+        // transposed operand, and shapes NdArray rejects.
+        let d = Default::default();
+        let x = Tensor::<NdArray, 4>::random([2, 3, 17, 300], Distribution::Normal(0.0, 1.0), &d);
+        let w = Tensor::<NdArray, 4>::random([1, 3, 9, 300], Distribution::Normal(0.0, 1.0), &d)
+            .swap_dims(2, 3);
+        let want =
+            <NdArray as FloatTensorOps<NdArray>>::float_matmul(prim(x.clone()), prim(w.clone()));
+        let got = super::matmul_strided(&prim(x.clone()), &prim(w)).expect("broadcast");
+        let as_data =
+            |p| Tensor::<NdArray, 4>::from_primitive(TensorPrimitive::Float(p)).into_data();
+        assert_eq!(as_data(got), as_data(want));
+        let bad = prim(Tensor::<NdArray, 4>::ones([3, 3, 300, 2], &d));
+        assert!(super::matmul_strided(&prim(x), &bad).is_none());
+        assert!(super::matmul_strided(&0u32, &1u32).is_none());
     }
 
     #[test]

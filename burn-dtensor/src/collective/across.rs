@@ -92,17 +92,30 @@ pub(crate) fn all_reduce<B: Backend, K: Kind<B>>(
     op: ReduceOp,
     global: &[usize],
 ) -> (K::P, u64) {
+    let w = what(CollectiveKind::AllReduce, topo, axis, global);
+    let p = pg.size() as u64;
+    // In place where this process holds the only reference to the shard's host bytes (the
+    // settled gradient of a data-parallel step: its partial sum is consumed by the reduction):
+    // the engine writes the result over the input and the primitive is the output, with no
+    // second buffer of the message's size (fresh pages faulted in on every step).
+    let mut x = x;
+    let dtype = x.dtype();
+    if !matches!(dtype, DType::F16 | DType::BF16)
+        && let Some(bytes) = crate::inner::host_bytes_mut(&mut x)
+    {
+        let n = bytes.len() as u64;
+        pg.all_reduce(bytes, dtype, op, &w);
+        return (x, 2 * (p - 1) * n / p);
+    }
     let device = K::device(&x);
     let (shape, dtype) = (x.shape().to_vec(), x.dtype());
     let (data, work_dtype) = for_reduction::<B, K>(x);
     let n = data.bytes().len();
-    let w = what(CollectiveKind::AllReduce, topo, axis, global);
     // The engine reads the shard's bytes (in place on host-memory backends) and writes an
     // aligned buffer that becomes the tensor as it is: no copy around the call.
     let mut recv = HostBuffer::zeroed(n, work_dtype);
     pg.all_reduce_into(data.bytes(), recv.as_bytes_mut(), work_dtype, op, &w);
     drop(data);
-    let p = pg.size() as u64;
     let out = recv.into_data(shape, work_dtype).convert_dtype(dtype);
     (K::from_data(out, &device), 2 * (p - 1) * n as u64 / p)
 }

@@ -6,8 +6,8 @@
 //! for each group's reduction, concatenation or all-reduce; across processes, the axis'
 //! [`crate::spmd::ProcessGroup`] ([`across`]).
 
-use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
+use burn::tensor::{Shape, TensorMetadata};
 
 use super::across;
 use super::engine::LocalEngines;
@@ -144,7 +144,7 @@ fn ordered_chunks<'a, B: Backend, K: Kind<B>>(
 /// in process and through the engine's all-reduce. Returns the bytes received from other
 /// processes.
 fn reduce_across<B: Backend, K: Kind<B>>(
-    shards: &[K::P],
+    shards: &mut [K::P],
     group: &[usize],
     pg: Option<&std::sync::Arc<dyn super::interface::ProcessGroup>>,
     topo: &MeshTopology,
@@ -162,7 +162,19 @@ fn reduce_across<B: Backend, K: Kind<B>>(
             across::all_reduce_ordered::<B, K>(members, pg, topo, axis, global, reduce)
         }
         crate::config::Reduction::Engine => {
-            let acc = reduce_group::<B, K>(shards, group, op, &topo.engines);
+            let acc = if let [only] = group {
+                // The one shard of this process's group, moved out (its slot is overwritten
+                // with the result by the caller): left shared with the slot, the engine could
+                // not reduce it in place.
+                let placeholder = K::zeros(
+                    Shape::new([0]),
+                    &K::device(&shards[*only]),
+                    shards[*only].dtype(),
+                );
+                std::mem::replace(&mut shards[*only], placeholder)
+            } else {
+                reduce_group::<B, K>(shards, group, op, &topo.engines)
+            };
             across::all_reduce::<B, K>(acc, pg, topo, axis, op, global)
         }
     }

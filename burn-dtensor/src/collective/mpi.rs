@@ -73,6 +73,8 @@ pub(crate) fn world() -> Result<Arc<dyn ProcessGroup>> {
         )));
     }
     let world = universe.world();
+    // Read `MPI_IN_PLACE`'s value now, under the lock (later calls do not call MPI).
+    let _ = in_place();
     // The universe would finalise MPI when dropped; it lives as long as the process instead,
     // and `finalize` runs at exit.
     std::mem::forget(universe);
@@ -245,6 +247,92 @@ impl MpiGroup {
     }
 }
 
+impl MpiGroup {
+    /// The all-reduce of [`ProcessGroup::all_reduce_into`] (`send` given) or of
+    /// [`ProcessGroup::all_reduce`] (`send` `None`: `MPI_IN_PLACE`, which the caller has checked
+    /// is known): `MPI_Iallreduce`, or the blocking `MPI_Allreduce` for a large message
+    /// ([`LARGE_BYTES`]).
+    fn allreduce_raw(
+        &self,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+        what: &str,
+    ) {
+        if recv.is_empty() {
+            // Every member has the same (empty) shape: nothing to exchange.
+            return;
+        }
+        let (t, o) = reduction(dtype, op);
+        let n = count(recv.len() / elem_bytes(dtype), what);
+        let send_ptr = match send {
+            Some(s) => s.as_ptr().cast(),
+            None => in_place().expect("checked by the caller"),
+        };
+        let _guard = LOCK.lock().unwrap();
+        if recv.len() >= LARGE_BYTES {
+            self.arrive(what);
+            // SAFETY: `send` (or `recv` itself, in place) and `recv` hold `n` elements of `t`;
+            // the call is blocking.
+            unsafe {
+                ffi::MPI_Allreduce(
+                    send_ptr,
+                    recv.as_mut_ptr().cast(),
+                    n,
+                    t,
+                    o,
+                    self.comm.0.as_raw(),
+                )
+            };
+            return;
+        }
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: `send` (or `recv` itself) and `recv` hold `n` elements of `t` and outlive the
+        // wait below.
+        unsafe {
+            ffi::MPI_Iallreduce(
+                send_ptr,
+                recv.as_mut_ptr().cast(),
+                n,
+                t,
+                o,
+                self.comm.0.as_raw(),
+                &mut req,
+            )
+        };
+        wait_raw(req, recv.len(), what, &self.world_ranks);
+    }
+}
+
+/// The MPI library's `MPI_IN_PLACE`, a C macro that rsmpi does not export: `(void *) 1` in
+/// Open MPI's `mpi.h`, `(void *) -1` in MPICH's (and its derivatives'), read from
+/// `MPI_Get_library_version` once. `None` for another library: the in-place all-reduce then
+/// copies its input.
+fn in_place() -> Option<*const std::ffi::c_void> {
+    use std::sync::OnceLock;
+    static VALUE: OnceLock<Option<usize>> = OnceLock::new();
+    let v = *VALUE.get_or_init(|| {
+        let mut buf = vec![0 as std::ffi::c_char; 8192];
+        let mut len = 0;
+        // SAFETY: the buffer holds MPI_MAX_LIBRARY_VERSION_STRING (at most 8192 in Open MPI
+        // and MPICH) characters; callable before initialisation.
+        unsafe { ffi::MPI_Get_library_version(buf.as_mut_ptr(), &mut len) };
+        let text: String = buf[..len.max(0) as usize]
+            .iter()
+            .map(|&c| c as u8 as char)
+            .collect();
+        if text.contains("Open MPI") {
+            Some(1)
+        } else if text.contains("MPICH") {
+            Some(usize::MAX)
+        } else {
+            None
+        }
+    });
+    v.map(|v| v as *const std::ffi::c_void)
+}
+
 impl ProcessGroup for MpiGroup {
     fn rank(&self) -> usize {
         self.rank
@@ -296,42 +384,18 @@ impl ProcessGroup for MpiGroup {
         what: &str,
     ) {
         assert_eq!(send.len(), recv.len(), "burn-dtensor: all-reduce buffers");
-        if send.is_empty() {
-            // Every member has the same (empty) shape: nothing to exchange.
-            return;
+        self.allreduce_raw(Some(send), recv, dtype, op, what);
+    }
+    /// In `buf` itself, with `MPI_IN_PLACE` where the MPI library's value of it is known
+    /// ([`in_place`]; else the provided copy of `buf` as the input): no second buffer of the
+    /// message's size, so no fresh pages to fault in.
+    fn all_reduce(&self, buf: &mut [u8], dtype: DType, op: ReduceOp, what: &str) {
+        if in_place().is_some() {
+            self.allreduce_raw(None, buf, dtype, op, what);
+        } else {
+            let send = buf.to_vec();
+            self.all_reduce_into(&send, buf, dtype, op, what);
         }
-        let (t, o) = reduction(dtype, op);
-        let n = count(send.len() / elem_bytes(dtype), what);
-        let _guard = LOCK.lock().unwrap();
-        if send.len() >= LARGE_BYTES {
-            self.arrive(what);
-            // SAFETY: `send` and `recv` hold `n` elements of `t`; the call is blocking.
-            unsafe {
-                ffi::MPI_Allreduce(
-                    send.as_ptr().cast(),
-                    recv.as_mut_ptr().cast(),
-                    n,
-                    t,
-                    o,
-                    self.comm.0.as_raw(),
-                )
-            };
-            return;
-        }
-        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
-        // SAFETY: `send` and `recv` hold `n` elements of `t` and outlive the wait below.
-        unsafe {
-            ffi::MPI_Iallreduce(
-                send.as_ptr().cast(),
-                recv.as_mut_ptr().cast(),
-                n,
-                t,
-                o,
-                self.comm.0.as_raw(),
-                &mut req,
-            )
-        };
-        wait_raw(req, send.len(), what, &self.world_ranks);
     }
     /// `MPI_Ireduce_scatter` from `send` into `recv`, both the caller's bytes.
     fn reduce_scatter_into(

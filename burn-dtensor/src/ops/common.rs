@@ -252,6 +252,17 @@ pub fn fix_replicated<P: TensorMetadata>(mut r: DTensor<P>) -> DTensor<P> {
     r
 }
 
+/// The product of two float shards, the kernel given to [`matmul`] for a float matmul: the
+/// inner backend's `float_matmul`, or where it applies [`crate::inner::matmul_strided`] (the
+/// same GEMM on NdArray's operands as they lie, without the copies its matmul makes of both
+/// operands and of the result; bitwise the same values).
+pub fn shard_matmul<B: Backend>(
+    lhs: B::FloatTensorPrimitive,
+    rhs: B::FloatTensorPrimitive,
+) -> B::FloatTensorPrimitive {
+    crate::inner::matmul_strided(&lhs, &rhs).unwrap_or_else(|| B::float_matmul(lhs, rhs))
+}
+
 /// `matmul` (batched, broadcasting) under the [`rules::matmul`] strategy. Uneven layouts leave
 /// some devices with empty operands, which inner backends may reject (NdArray divides by
 /// `m * k`): those shards are computed here as zeros of the local output shape, which is also

@@ -112,7 +112,7 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
         c::unary::<B, F, F>(t, Linearity::None, |x| B::float_cast(x, dtype))
     }
     fn float_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
-        c::matmul::<B, F, _>(lhs, rhs, B::float_matmul, Keep::Contraction)
+        c::matmul::<B, F, _>(lhs, rhs, c::shard_matmul::<B>, Keep::Contraction)
     }
     fn float_cross(
         lhs: FloatTensor<Self>,

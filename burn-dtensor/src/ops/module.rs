@@ -62,6 +62,9 @@ fn g_times_wt<B: Backend>(
     g: B::FloatTensorPrimitive,
     wt: B::FloatTensorPrimitive,
 ) -> B::FloatTensorPrimitive {
+    if let Some(out) = crate::inner::matmul_strided(&g, &wt) {
+        return out;
+    }
     let (gs, ws) = (g.shape(), wt.shape());
     let r = gs.num_dims();
     let rows: usize = gs.iter().take(r - 1).product();
@@ -184,8 +187,12 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
     ) -> FloatTensor<Self> {
         let r = x.shape.len();
         weight_grads::note(x.id, &weight.layout);
-        let out =
-            c::matmul::<B, FloatKind, _>(x, lead::<B>(weight, r), B::float_matmul, Keep::Weight);
+        let out = c::matmul::<B, FloatKind, _>(
+            x,
+            lead::<B>(weight, r),
+            c::shard_matmul::<B>,
+            Keep::Weight,
+        );
         match bias {
             Some(b) => Self::float_add(out, lead::<B>(b, r)),
             None => out,
@@ -231,7 +238,8 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         lx.dims.swap(r - 2, r - 1);
         let x = relayout::<B>(x, &lx);
         let xt = Self::float_swap_dims(x, r - 2, r - 1);
-        let mut g = c::matmul::<B, FloatKind, _>(xt, output_grad, B::float_matmul, Keep::Output);
+        let mut g =
+            c::matmul::<B, FloatKind, _>(xt, output_grad, c::shard_matmul::<B>, Keep::Output);
         for dim in 0..r.saturating_sub(2) {
             g = Self::float_sum_dim(g, dim);
         }

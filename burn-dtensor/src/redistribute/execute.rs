@@ -1,5 +1,7 @@
 //! Running a relayout plan on the shards of a tensor.
 
+use std::sync::Arc;
+
 use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
 
@@ -46,10 +48,16 @@ pub fn redistribute<B: Backend, K: Kind<B>>(
         && !to.is_partial();
     if reduces_all {
         let settled = t.layout.without_partial();
-        let reduce = || run::<B, K>(t.clone(), &settled, &plan(&t.layout, &settled).unwrap());
+        let steps = plan(&t.layout, &settled).unwrap();
         let reduced = match &t.reduced {
-            Some(memo) => memo.get_or_init(|| Box::new(reduce())).as_ref().clone(),
-            None => reduce(),
+            // A clone of this tensor may settle it too: memoised, one all-reduce for both.
+            Some(memo) if Arc::strong_count(memo) > 1 || memo.get().is_some() => memo
+                .get_or_init(|| Box::new(run::<B, K>(t.clone(), &settled, &steps)))
+                .as_ref()
+                .clone(),
+            // No clone shares the memo: the shards are moved into the reduction, which can then
+            // write in place into memory no other tensor reads (`collective::across`).
+            _ => run::<B, K>(t, &settled, &steps),
         };
         return redistribute::<B, K>(reduced, to);
     }
