@@ -245,9 +245,6 @@ impl MpiGroup {
         unsafe { ffi::MPI_Ibarrier(self.comm.0.as_raw(), &mut req) };
         wait_raw(req, 0, what, &self.world_ranks);
     }
-}
-
-impl MpiGroup {
     /// The all-reduce of [`ProcessGroup::all_reduce_into`] (`send` given) or of
     /// [`ProcessGroup::all_reduce`] (`send` `None`: `MPI_IN_PLACE`, which the caller has checked
     /// is known): `MPI_Iallreduce`, or the blocking `MPI_Allreduce` for a large message

@@ -48,38 +48,6 @@ fn empty_batch<B: Backend, K: Kind<B>>(r: &K::P) -> K::P {
     K::slice(r.clone(), &[burn::tensor::Slice::new(0, Some(0), 1)])
 }
 
-/// The per-shard product `g @ wt` of [`ModuleOps::linear_x_backward`], `wt` being the
-/// transposed view of a weight shard (`[.., d_out, d_in]`). On a backend whose matmul copies a
-/// non-row-major operand first (NdArray: `as_standard_layout`), that copy is the whole weight
-/// shard, `d_out * d_in` elements walked in transposed order on every backward (108 ms of a
-/// 700 ms step with two `Linear(4096, 4096)` at batch 256, replicated in every process of a
-/// data-parallel run). There, when the gradient has fewer elements than the weight, the same
-/// product is taken as `(w @ gᵀ)ᵀ`: the copied operand is `gᵀ` (`rows * d_out` elements) and
-/// the result a transposed view. Each output element is the same dot product over `d_out`, in
-/// the same order (the GEMM's `k` loop), so the values are bitwise those of `g @ wt` (tested in
-/// `ops::module::tests`).
-fn g_times_wt<B: Backend>(
-    g: B::FloatTensorPrimitive,
-    wt: B::FloatTensorPrimitive,
-) -> B::FloatTensorPrimitive {
-    if let Some(out) = crate::inner::matmul_strided(&g, &wt) {
-        return out;
-    }
-    let (gs, ws) = (g.shape(), wt.shape());
-    let r = gs.num_dims();
-    let rows: usize = gs.iter().take(r - 1).product();
-    let (d_out, d_in) = (ws[r - 2], ws[r - 1]);
-    if !crate::inner::reshape_copies::<B>()
-        || r != ws.num_dims()
-        || rows * (d_out + d_in) >= d_out * d_in
-    {
-        return B::float_matmul(g, wt);
-    }
-    let w = B::float_swap_dims(wt, r - 2, r - 1);
-    let gt = B::float_swap_dims(g, r - 2, r - 1);
-    B::float_swap_dims(B::float_matmul(w, gt), r - 2, r - 1)
-}
-
 /// `t` with size-1 dims prepended up to `rank` (Burn's `unsqueeze_leading` in its default
 /// `linear`): a weight `[d_in, d_out]` broadcast over the batch dims of a matmul.
 fn lead<B: Backend>(t: FT<B>, rank: usize) -> FT<B> {
@@ -207,7 +175,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
     ) -> FloatTensor<Self> {
         let r = output_grad.shape.len();
         let wt = lead::<B>(Self::float_swap_dims(weight, 0, 1), r);
-        c::matmul::<B, FloatKind, _>(output_grad, wt, g_times_wt::<B>, Keep::Weight)
+        c::matmul::<B, FloatKind, _>(output_grad, wt, c::shard_matmul::<B>, Keep::Weight)
     }
     /// `xᵀ @ g` summed over the batch dims (`[d_in, d_out]`), the output's dims kept
     /// (`Keep::Output` in `rules/matmul.rs`): the gradient comes out in the weight's own
@@ -682,46 +650,5 @@ impl<A: TensorMetadata, B: Clone + Send + Sync + std::fmt::Debug> TensorMetadata
     }
     fn shape(&self) -> burn::tensor::Shape {
         self.0.shape()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use burn::backend::NdArray;
-    use burn::tensor::{Distribution, Tensor, TensorPrimitive};
-
-    /// `g @ wᵀ` through [`super::g_times_wt`] against NdArray's own product, bitwise.
-    fn check<const D: usize>(g_shape: [usize; D], w: [usize; 2]) {
-        let d = Default::default();
-        let normal = Distribution::Normal(0.0, 1.0);
-        let g = Tensor::<NdArray, D>::random(g_shape, normal, &d);
-        let wt = Tensor::<NdArray, 2>::random(w, normal, &d)
-            .transpose()
-            .unsqueeze::<D>();
-        let plain = g.clone().matmul(wt.clone());
-        let prim = |t: Tensor<NdArray, D>| t.into_primitive().tensor();
-        let ours =
-            Tensor::<NdArray, D>::from_primitive(TensorPrimitive::Float(super::g_times_wt::<
-                NdArray,
-            >(
-                prim(g), prim(wt)
-            )));
-        assert_eq!(
-            ours.into_data().as_slice::<f32>().unwrap(),
-            plain.into_data().as_slice::<f32>().unwrap(),
-            "g {g_shape:?}, w {w:?}"
-        );
-    }
-
-    /// `(w @ gᵀ)ᵀ` is bitwise `g @ wᵀ` on NdArray where it is taken: rank 2, rank 3 with the
-    /// weight broadcast over the batch, odd sizes (the GEMM's edge tiles), a long contraction
-    /// (more than one of its `k` blocks); and the gradient larger than the weight (not taken).
-    #[test]
-    fn linear_input_gradient_bitwise_as_the_plain_product() {
-        check([3, 40], [37, 40]);
-        check([5, 33], [129, 33]);
-        check([7, 700], [90, 700]);
-        check([2, 3, 64], [200, 64]);
-        check([300, 8], [5, 8]);
     }
 }
