@@ -1,6 +1,7 @@
 //! What the decorator knows about its inner backend beyond Burn's traits: three performance
-//! traits that decide how shards run and how stacked operands are laid out, and where a
-//! host-memory backend keeps a shard's bytes ([`host_bytes`]). Burn 0.21 has no
+//! traits that decide how shards run and how stacked operands are laid out, where a
+//! host-memory backend keeps a shard's bytes ([`host_bytes`], [`host_bytes_mut`]), and NdArray's
+//! GEMM on its shards as they lie ([`matmul_strided`]). Burn 0.21 has no
 //! trait for them, so they are read from the backend's type name, here and nowhere else. An
 //! inner backend not named here gets what suits a GPU backend: no worker threads, no dense
 //! copies, reshapes taken as views. Each answer only changes speed, never values (the

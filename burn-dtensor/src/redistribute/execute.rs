@@ -48,16 +48,19 @@ pub fn redistribute<B: Backend, K: Kind<B>>(
         && !to.is_partial();
     if reduces_all {
         let settled = t.layout.without_partial();
-        let steps = plan(&t.layout, &settled).unwrap();
+        let reduce = |t: DTensor<K::P>| {
+            let steps = plan(&t.layout, &settled).unwrap();
+            run::<B, K>(t, &settled, &steps)
+        };
         let reduced = match &t.reduced {
             // A clone of this tensor may settle it too: memoised, one all-reduce for both.
             Some(memo) if Arc::strong_count(memo) > 1 || memo.get().is_some() => memo
-                .get_or_init(|| Box::new(run::<B, K>(t.clone(), &settled, &steps)))
+                .get_or_init(|| Box::new(reduce(t.clone())))
                 .as_ref()
                 .clone(),
             // No clone shares the memo: the shards are moved into the reduction, which can then
             // write in place into memory no other tensor reads (`collective::across`).
-            _ => run::<B, K>(t, &settled, &steps),
+            _ => reduce(t),
         };
         return redistribute::<B, K>(reduced, to);
     }
