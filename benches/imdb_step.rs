@@ -98,13 +98,14 @@ fn bench_step<P: Placement>(
         b.iter(|| {
             let (xb, yb) = p.train_batch(x.clone(), y.clone()).unwrap();
             let (m, loss, _) = step(
+                p,
                 slot.take().unwrap(),
                 &mut optim,
-                xb,
-                yb,
+                (xb, yb),
                 1e-2,
                 LossReduction::Mean,
-            );
+            )
+            .unwrap();
             let _ = loss.into_data();
             slot = Some(m);
         })

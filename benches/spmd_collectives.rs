@@ -229,6 +229,91 @@ fn worker() {
             line(name, "mpi direct", reference, factor, reference);
         }
     }
+    buckets(&mesh, chief);
+}
+
+/// Gradient buckets (`settle_gradients`, issue 22 item 3): `k` data-parallel gradients of `m`
+/// f32 each (pending sums over `x`, replicated parameters) settled one by one (bucket cap 0)
+/// and in buckets (the cap of the environment: 64 KiB unless `BURN_DTENSOR_BUCKET_KIB` says
+/// otherwise), per reduction; the last column is the
+/// one-by-one time over the bucketed one (above 1: buckets are faster).
+fn buckets(mesh: &Mesh<burn::backend::ndarray::NdArrayDevice>, chief: bool) {
+    use burn::backend::Autodiff;
+    use burn::module::Param;
+    use burn::optim::GradientsParams;
+    type AD = Autodiff<DB>;
+    if std::env::var("SPMD_BENCH_ONLY").is_ok_and(|only| only != "buckets") {
+        return;
+    }
+    let cap = burn_dtensor::config().gradient_bucket_bytes;
+    let r1 = Layout::replicated(mesh, 1);
+    let part = r1.clone().with_partial(0, ReduceOp::Sum);
+    let shapes: &[(usize, usize)] = if common::smoke() {
+        &[(4, 256)]
+    } else {
+        &[(8, 256), (32, 1024), (32, 8 * 1024), (32, 64 * 1024)]
+    };
+    if chief {
+        println!(
+            "{:<15} {:>13} {:<16} {:>10} {:>10} {:>8}",
+            "gradients", "k x bytes", "reduction", "one by one", "bucketed", "ratio"
+        );
+    }
+    for &(k, m) in shapes {
+        let reps = 20;
+        let module: Vec<Param<Tensor<AD, 1>>> = (0..k)
+            .map(|_| {
+                Param::from_tensor(distribute(TensorData::new(vec![0.5f32; m], [m]), &r1).unwrap())
+            })
+            .collect();
+        let grads = || {
+            let mut g = GradientsParams::new();
+            for p in &module {
+                let t: Tensor<DB, 1> =
+                    distribute(TensorData::new(vec![1.0f32; m], [m]), &r1).unwrap();
+                g.register::<DB, 1>(p.id, t.relayout(&part).unwrap());
+            }
+            g
+        };
+        for (mode, name) in [
+            (Reduction::Ordered, "ordered"),
+            (Reduction::Engine, "engine"),
+        ] {
+            let mut t = [0.0; 2];
+            for (i, cap) in [0, cap].into_iter().enumerate() {
+                burn_dtensor::configure(
+                    burn_dtensor::config()
+                        .with_reduction(mode)
+                        .with_gradient_bucket_bytes(cap),
+                );
+                let mut inputs: Vec<GradientsParams> = (0..=reps).map(|_| grads()).collect();
+                let mut times = Vec::with_capacity(reps + 1);
+                while let Some(g) = inputs.pop() {
+                    let t0 = Instant::now();
+                    let settled = burn_dtensor::settle_gradients(g, &module).unwrap();
+                    times.push(t0.elapsed().as_secs_f64());
+                    drop(settled);
+                }
+                times.remove(0);
+                t[i] = median(times);
+            }
+            if chief {
+                println!(
+                    "{:<15} {:>13} {name:<16} {:>8.3}ms {:>8.3}ms {:>8.2}",
+                    "settle",
+                    format!("{k} x {}KB", m * 4 / 1024),
+                    t[0] * 1e3,
+                    t[1] * 1e3,
+                    t[0] / t[1]
+                );
+            }
+        }
+    }
+    burn_dtensor::configure(
+        burn_dtensor::config()
+            .with_reduction(Reduction::Ordered)
+            .with_gradient_bucket_bytes(cap),
+    );
 }
 
 fn main() {

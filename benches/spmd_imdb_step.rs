@@ -59,13 +59,14 @@ fn median_step(mode: Mode, devices: usize, stacked: bool, steps: usize) -> f64 {
         let t = Instant::now();
         let (xb, yb) = p.train_batch(x.clone(), y.clone()).unwrap();
         let (m, loss, _) = step(
+            &p,
             model.take().unwrap(),
             &mut optim,
-            xb,
-            yb,
+            (xb, yb),
             1e-2,
             LossReduction::Mean,
-        );
+        )
+        .unwrap();
         let _ = loss.into_data();
         model = Some(m);
         if i >= 10 {

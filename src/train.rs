@@ -327,6 +327,19 @@ pub trait Placement {
     fn batch_axis(&self) -> usize {
         1
     }
+    /// The gradients of one step made ready for the optimizer: on a mesh, each in its
+    /// parameter's layout ([`burn_dtensor::settle_gradients`]: DDP's all-reduce, in gradient
+    /// buckets across processes); on the bare backend as they are.
+    ///
+    /// # Errors
+    /// Layout errors (a gradient on another mesh than its parameter).
+    fn settle(
+        &self,
+        grads: GradientsParams,
+        _model: &ImdbMlp<Self::AD>,
+    ) -> Result<GradientsParams, AppError> {
+        Ok(grads)
+    }
 }
 
 /// The bare inner backend on one device.
@@ -520,6 +533,13 @@ impl<I: Backend> Placement for Distributed<I> {
     fn prepare_model(&self, model: ImdbMlp<Self::AD>) -> Result<ImdbMlp<Self::AD>, AppError> {
         Ok(self.layout_map.apply(model, self.mesh.topology())?.0)
     }
+    fn settle(
+        &self,
+        grads: GradientsParams,
+        model: &ImdbMlp<Self::AD>,
+    ) -> Result<GradientsParams, AppError> {
+        Ok(burn_dtensor::settle_gradients(grads, model)?)
+    }
     fn state_dict<X: ShardedOptimizer<DistributedBackend<I>>>(
         &self,
         model: &ImdbMlp<Self::AD>,
@@ -643,20 +663,27 @@ pub fn train<P: Placement>(
     }
 }
 
-/// One training step: forward, loss, backward, optimizer update. Returns the updated model, the
-/// loss and the logits (for accuracy).
-pub fn step<B: AutodiffBackend, O: Optimizer<ImdbMlp<B>, B>>(
-    model: ImdbMlp<B>,
+/// The updated model, the loss and the logits of one [`step`].
+pub type Stepped<B> = (ImdbMlp<B>, Tensor<B, 1>, Tensor<B, 2>);
+
+/// One training step on placement `p`: forward, loss, backward, the gradients settled
+/// ([`Placement::settle`]), optimizer update. Returns the updated model, the loss and the logits
+/// (for accuracy).
+///
+/// # Errors
+/// Layout errors from settling the gradients.
+pub fn step<P: Placement, O: Optimizer<ImdbMlp<P::AD>, P::AD>>(
+    p: &P,
+    model: ImdbMlp<P::AD>,
     optim: &mut O,
-    x: Tensor<B, 2>,
-    y: Tensor<B, 1, Int>,
+    (x, y): (Tensor<P::AD, 2>, Tensor<P::AD, 1, Int>),
     lr: f64,
     reduction: LossReduction,
-) -> (ImdbMlp<B>, Tensor<B, 1>, Tensor<B, 2>) {
+) -> Result<Stepped<P::AD>, AppError> {
     let logits = model.forward(x);
     let loss = model.loss(logits.clone(), y, reduction);
-    let grads = GradientsParams::from_grads(loss.backward(), &model);
-    (optim.step(lr, model, grads), loss, logits)
+    let grads = p.settle(GradientsParams::from_grads(loss.backward(), &model), &model)?;
+    Ok((optim.step(lr, model, grads), loss, logits))
 }
 
 /// Checks the step counts: `--epochs` and `--max-steps` of 0 would train nothing and report a
@@ -772,8 +799,14 @@ fn train_with<P: Placement, X: ShardedOptimizer<<P::AD as AutodiffBackend>::Inne
             let (x, y) = data.train.batch(idx);
             let (res, log) = record_comms(|| -> Result<_, AppError> {
                 let (x, y) = p.train_batch(x, y)?;
-                let (next, loss, logits) =
-                    step(model.clone(), &mut optim, x, y.clone(), cfg.lr, cfg.loss);
+                let (next, loss, logits) = step(
+                    p,
+                    model.clone(),
+                    &mut optim,
+                    (x, y.clone()),
+                    cfg.lr,
+                    cfg.loss,
+                )?;
                 let loss_v = loss
                     .into_scalar()
                     .to_string()

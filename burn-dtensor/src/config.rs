@@ -9,9 +9,10 @@
 //! | [`Config::process_engine`] | `BURN_DTENSOR_SPMD_ENGINE` (`mpi` or `nccl`) | `mpi` | when a multi-process mesh is built |
 //! | [`Config::stacked_execution`] | `BURN_DTENSOR_STACKED` (`0` or `1`) | on | when a mesh is built |
 //! | [`Config::parallel_min_elements`] | `BURN_DTENSOR_PAR_MIN` (elements) | 262144 | at every op |
+//! | [`Config::gradient_bucket_bytes`] | `BURN_DTENSOR_BUCKET_KIB` (KiB; 0: off) | 64 KiB | at every [`crate::settle_gradients`] |
 //!
-//! Every process of an SPMD run must use the same reduction and engine: both are agreed on
-//! when a multi-process mesh is built ([`crate::spmd`]), and a difference is a typed error.
+//! Every process of an SPMD run must use the same reduction, engine and gradient bucket size:
+//! they are agreed on when a multi-process mesh is built ([`crate::spmd`]), and a difference is a typed error.
 //!
 //! ```
 //! use burn_dtensor::{Config, Reduction, configure, config};
@@ -88,6 +89,16 @@ pub struct Config {
     /// it, waking the pool costs more than it saves (measured on a 2-core machine, NOTES.md: at
     /// 16 Ki the IMDB data-parallel step took 1.62 ms against 1.27 ms serial).
     pub parallel_min_elements: usize,
+    /// The most bytes of one gradient bucket: [`crate::settle_gradients`] all-reduces the
+    /// data-parallel gradients whose reduction crosses processes in buckets of up to this many
+    /// bytes (one collective per bucket, see `redistribute::bucket`), as DDP's `bucket_cap_mb`.
+    /// A gradient larger than the cap is a bucket of its own; 0 settles every gradient alone.
+    /// The default, 64 KiB, is far below DDP's 25 MiB because a bucket here copies its members
+    /// in and out (DDP's gradients are views of their bucket): measured on 2 processes
+    /// (`benches/spmd_collectives.rs`, NOTES.md), a bucket of gradients of 1-4 KB settles
+    /// 1.6-2.9x faster than the gradients one by one, of 32 KB at 0.8-1.0x, of 256 KB at
+    /// 0.4-0.6x (the copies cost more than the latency saved).
+    pub gradient_bucket_bytes: usize,
 }
 
 impl Default for Config {
@@ -99,6 +110,7 @@ impl Default for Config {
             process_engine: ProcessEngine::Mpi,
             stacked_execution: true,
             parallel_min_elements: 256 * 1024,
+            gradient_bucket_bytes: 64 << 10,
         }
     }
 }
@@ -163,6 +175,15 @@ impl Config {
                 .parse()
                 .map_err(|_| bad(PAR_MIN, &v, "a number of elements, e.g. 262144"))?;
         }
+        const BUCKET: &str = "BURN_DTENSOR_BUCKET_KIB";
+        if let Some(v) = get(BUCKET) {
+            c.gradient_bucket_bytes = v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .and_then(|k| k.checked_mul(1024))
+                .ok_or_else(|| bad(BUCKET, &v, "a number of KiB, e.g. 64 (0: no buckets)"))?;
+        }
         Ok(c)
     }
 
@@ -189,6 +210,11 @@ impl Config {
     /// With [`Config::parallel_min_elements`] set to `n`.
     pub fn with_parallel_min_elements(mut self, n: usize) -> Self {
         self.parallel_min_elements = n;
+        self
+    }
+    /// With [`Config::gradient_bucket_bytes`] set to `bytes` (0: no buckets).
+    pub fn with_gradient_bucket_bytes(mut self, bytes: usize) -> Self {
+        self.gradient_bucket_bytes = bytes;
         self
     }
 }
@@ -246,6 +272,7 @@ mod tests {
             ("BURN_DTENSOR_SPMD_ENGINE", "nccl"),
             ("BURN_DTENSOR_STACKED", "0"),
             ("BURN_DTENSOR_PAR_MIN", "16"),
+            ("BURN_DTENSOR_BUCKET_KIB", "512"),
         ]))
         .unwrap();
         assert_eq!(
@@ -256,6 +283,7 @@ mod tests {
                 .with_process_engine(ProcessEngine::Nccl)
                 .with_stacked_execution(false)
                 .with_parallel_min_elements(16)
+                .with_gradient_bucket_bytes(512 << 10)
         );
         for (var, value, says) in [
             ("BURN_DTENSOR_COLLECTIVE_TIMEOUT_S", "-1", "positive number"),
@@ -263,6 +291,7 @@ mod tests {
             ("BURN_DTENSOR_SPMD_ENGINE", "bogus", "`mpi`"),
             ("BURN_DTENSOR_STACKED", "yes", "`0`"),
             ("BURN_DTENSOR_PAR_MIN", "lots", "number of elements"),
+            ("BURN_DTENSOR_BUCKET_KIB", "-3", "number of KiB"),
         ] {
             let e = Config::from_vars(|k| (k == var).then(|| value.to_string())).unwrap_err();
             let text = e.to_string();

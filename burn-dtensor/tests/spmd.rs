@@ -13,9 +13,12 @@ use std::process::Command;
 
 use burn::backend::ndarray::NdArrayDevice;
 use burn::backend::{Autodiff, NdArray};
+use burn::module::Param;
+use burn::optim::GradientsParams;
 use burn::tensor::{Tensor, TensorData};
 use burn_dtensor::{
-    DTensorExt, DistributedBackend, Layout, Mesh, ReduceOp, UNSHARDED, distribute, spmd,
+    CollectiveKind, DTensorExt, DistributedBackend, Layout, Mesh, ReduceOp, UNSHARDED, config,
+    configure, distribute, record_comms, settle_gradients, spmd,
 };
 
 type N = NdArray<f32>;
@@ -734,6 +737,128 @@ fn gradients_across_processes() {
                 check(&format!("dw {what}"), w.grad(&g).unwrap(), gw.clone());
             }
         }
+    }
+    done(name);
+}
+
+/// Gradient buckets ([`settle_gradients`], DDP's `bucket_cap_mb`): the data-parallel gradients
+/// of a two-layer network settle with one cross-process all-reduce per bucket of the cap, each
+/// bucket the gradients laid end to end in parameter order; the values are bitwise those of the
+/// gradients settled one by one (ordered reduction) and equal NdArray's on the whole batch.
+#[test]
+fn gradient_buckets_across_processes() {
+    let name = "gradient_buckets_across_processes";
+    if launched(name, &[2, 4]) {
+        return;
+    }
+    type AD = Autodiff<DB>;
+    type AN = Autodiff<N>;
+    let n = spmd::init().unwrap().size();
+    let m = Mesh::spmd([("batch", 4)], vec![Dev::default(); 4 / n]).unwrap();
+    let flat = |d: TensorData| {
+        let v: Vec<f32> = d.to_vec().unwrap();
+        let len = v.len();
+        TensorData::new(v, [len])
+    };
+    // Batch 32: every weight gradient stays a partial sum (its product is smaller than the
+    // operands it would gather, `stack::contracts`), so all four gradients are all-reduced.
+    let (dx, dy) = (data([32, 8], 1), data([32, 3], 2));
+    let (d1, d2) = (data([8, 6], 3), data([6, 3], 4));
+    let (b1, b2) = (flat(data([1, 6], 5)), flat(data([1, 3], 6)));
+    let batch = Layout::new(&m, ["batch", UNSHARDED]).unwrap();
+    // Settles the gradients with buckets of at most `cap` bytes: the parameters, their settled
+    // gradients and the communication of the settling.
+    let run = |cap: usize| {
+        configure(config().with_gradient_bucket_bytes(cap));
+        let p2 = |d: &TensorData| {
+            let t: Tensor<AD, 2> = distribute(d.clone(), &Layout::replicated(&m, 2)).unwrap();
+            Param::from_tensor(t.require_grad())
+        };
+        let p1 = |d: &TensorData| {
+            let t: Tensor<AD, 1> = distribute(d.clone(), &Layout::replicated(&m, 1)).unwrap();
+            Param::from_tensor(t.require_grad())
+        };
+        let module = (p2(&d1), p1(&b1), p2(&d2), p1(&b2));
+        let x: Tensor<AD, 2> = distribute(dx.clone(), &batch).unwrap();
+        let y: Tensor<AD, 2> = distribute(dy.clone(), &batch).unwrap();
+        let h = (x.matmul(module.0.val()) + module.1.val().unsqueeze()).clamp_min(0.0);
+        let loss = ((h.matmul(module.2.val()) + module.3.val().unsqueeze()) * y).sum();
+        let grads = GradientsParams::from_grads(loss.backward(), &module);
+        let (grads, log) = record_comms(|| settle_gradients(grads, &module).unwrap());
+        let got: Vec<Vec<f32>> = [module.0.id, module.2.id]
+            .into_iter()
+            .map(|id| grads.get::<DB, 2>(id).unwrap())
+            .chain(
+                [module.1.id, module.3.id]
+                    .into_iter()
+                    .map(|id| grads.get::<DB, 1>(id).unwrap().unsqueeze::<2>()),
+            )
+            .map(|g| {
+                assert!(g.layout().is_replicated(), "{}", g.describe());
+                g.into_data().to_vec().unwrap()
+            })
+            .collect();
+        let shapes: Vec<Vec<usize>> = log
+            .events
+            .iter()
+            .map(|e| {
+                assert!(
+                    e.kind == CollectiveKind::AllReduce && e.axis == "batch",
+                    "{e:?}"
+                );
+                assert!(e.across_processes > 0, "{e:?}");
+                e.shape.clone()
+            })
+            .collect();
+        (got, shapes, log.total_bytes())
+    };
+    let (alone, alone_shapes, alone_bytes) = run(0);
+    // Without buckets, DDP's count: one all-reduce per gradient.
+    assert_eq!(alone_shapes, vec![vec![8, 6], vec![6], vec![6, 3], vec![3]]);
+    // One bucket of all four (8*6 + 6 + 6*3 + 3 = 75 elements). Its bytes are those of the
+    // four on 2 processes; on 4 the ordered reduction's chunks of one rank fall elsewhere.
+    let (all, all_shapes, all_bytes) = run(25 << 20);
+    assert_eq!(all_shapes, vec![vec![75]]);
+    if n == 2 {
+        assert_eq!(all_bytes, alone_bytes);
+    }
+    // A cap of 100 bytes: w1 (192 B) alone, b1 and w2 (24 + 72 B) together, b2 (12 B) alone.
+    let (capped, capped_shapes, _) = run(100);
+    assert_eq!(capped_shapes, vec![vec![8, 6], vec![24], vec![3]]);
+    configure(
+        config().with_gradient_bucket_bytes(burn_dtensor::Config::default().gradient_bucket_bytes),
+    );
+    for (what, got) in [("one bucket", &all), ("cap 100 B", &capped)] {
+        for (g, a) in got.iter().zip(&alone) {
+            let (g, a): (Vec<u32>, Vec<u32>) = (
+                g.iter().map(|v| v.to_bits()).collect(),
+                a.iter().map(|v| v.to_bits()).collect(),
+            );
+            assert_eq!(
+                g, a,
+                "{what}: bucketed gradients differ from settled one by one"
+            );
+        }
+    }
+    // The oracle: NdArray's gradients of the whole batch.
+    let dev = Default::default();
+    let w1 = Tensor::<AN, 2>::from_data(d1.clone(), &dev).require_grad();
+    let c1 = Tensor::<AN, 1>::from_data(b1.clone(), &dev).require_grad();
+    let w2 = Tensor::<AN, 2>::from_data(d2.clone(), &dev).require_grad();
+    let c2 = Tensor::<AN, 1>::from_data(b2.clone(), &dev).require_grad();
+    let x = Tensor::<AN, 2>::from_data(dx.clone(), &dev);
+    let y = Tensor::<AN, 2>::from_data(dy.clone(), &dev);
+    let h = (x.matmul(w1.clone()) + c1.clone().unsqueeze()).clamp_min(0.0);
+    let g = ((h.matmul(w2.clone()) + c2.clone().unsqueeze()) * y)
+        .sum()
+        .backward();
+    let want: Vec<Vec<f32>> = [w1.grad(&g).unwrap(), w2.grad(&g).unwrap()]
+        .into_iter()
+        .chain([c1.grad(&g).unwrap(), c2.grad(&g).unwrap()].map(|t| t.unsqueeze::<2>()))
+        .map(|t| t.into_data().to_vec().unwrap())
+        .collect();
+    for (i, (g, w)) in all.iter().zip(&want).enumerate() {
+        close(&format!("gradient {i} against NdArray"), g, w);
     }
     done(name);
 }

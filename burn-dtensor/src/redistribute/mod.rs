@@ -4,8 +4,10 @@
 //! The transforms are PyTorch DTensor's (`_redistribute.py`): partial -> replicated is an
 //! all-reduce, partial -> sharded a reduce-scatter, sharded -> replicated an all-gather,
 //! sharded on dim i -> sharded on dim j an all-to-all, replicated -> sharded a local slice
-//! (no communication), replicated -> partial keeps the value on coordinate 0.
+//! (no communication), replicated -> partial keeps the value on coordinate 0. Several partial
+//! tensors that all-reduce over the same axes settle together in one [`bucket`].
 
+pub mod bucket;
 mod execute;
 mod plan;
 mod reuse;

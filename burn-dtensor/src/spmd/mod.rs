@@ -472,8 +472,8 @@ static GRIDS: Mutex<Vec<(GridKey, ProcessGrid)>> = Mutex::new(Vec::new());
 /// devices: each process takes the next contiguous row-major block of `local` positions, which
 /// must be a box (JAX's rule): the trailing axes whole, then a divisor of one axis. Builds the
 /// process group of every axis with more than one process along it, after checking that every
-/// process asks for the same mesh, device type (`device_type`, the inner backend's device) and
-/// [`reduction`]. Collective over the world (every process builds the same
+/// process asks for the same mesh, device type (`device_type`, the inner backend's device),
+/// [`reduction`] and gradient bucket size. Collective over the world (every process builds the same
 /// meshes in the same order); cached per `(axes, local, engine)`. `engine` is the
 /// cross-process engine ([`crate::collective::engine::across_engine`]): its name, agreed on
 /// with the mesh, and how an axis group is made from its MPI group (`None`: MPI itself).
@@ -509,6 +509,10 @@ pub(crate) fn grid(
             ("device type", device_type.to_string()),
             ("cross-process engine", engine.to_string()),
             ("reduction", format!("{:?}", try_config()?.reduction)),
+            (
+                "gradient bucket bytes",
+                try_config()?.gradient_bucket_bytes.to_string(),
+            ),
         ],
     )?;
     let err = |reason: String| DTensorError::ProcessGrid {
