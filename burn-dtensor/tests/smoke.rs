@@ -1,9 +1,21 @@
+//! The decorator on NdArray in one process: ops against the whole-tensor oracle, shard-local
+//! random creation, layout-mapped initialisation, sharded checkpoints; with the layout map on
+//! real modules, the differentiable relayout and the sharding tables as submodules (one test
+//! binary: one link and one set of `DistributedBackend<NdArray>` instantiations, not four).
+
 use burn::backend::NdArray;
 use burn::tensor::{Tensor, TensorData, Tolerance};
 use burn_dtensor::*;
 
 type Inner = NdArray;
 type B = DistributedBackend<Inner>;
+
+#[path = "smoke/layout_map.rs"]
+mod layout_map;
+#[path = "smoke/relayout_grad.rs"]
+mod relayout_grad;
+#[path = "smoke/visualize.rs"]
+mod visualize;
 
 fn mesh(axes: &[(&str, usize)]) -> Mesh<burn::backend::ndarray::NdArrayDevice> {
     Mesh::virtual_devices(

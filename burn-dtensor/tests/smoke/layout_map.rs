@@ -18,6 +18,8 @@ type Bk = DistributedBackend<NdArray>;
 fn setup() -> (Mesh<burn::backend::ndarray::NdArrayDevice>, Mlp<Bk>) {
     let mesh = Mesh::virtual_devices([("batch", 2), ("model", 2)], Default::default()).unwrap();
     let dev = DistributedDevice::new(mesh.clone());
+    // The decorator's random stream is process-global and shared with `smoke`'s seeded tests.
+    let _rng = crate::rng_lock();
     (
         mesh,
         Mlp {
