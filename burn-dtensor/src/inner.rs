@@ -1,7 +1,7 @@
 //! What the decorator knows about its inner backend beyond Burn's traits: three performance
 //! traits that decide how shards run and how stacked operands are laid out, where a
 //! host-memory backend keeps a shard's bytes ([`host_bytes`], [`host_bytes_mut`]), and NdArray's
-//! GEMM on its shards as they lie ([`matmul_strided`]). Burn 0.21 has no
+//! GEMM and reshape on its shards as they lie ([`matmul_strided`], [`reshape_view`]). Burn 0.21 has no
 //! trait for them, so they are read from the backend's type name, here and nowhere else. An
 //! inner backend not named here gets what suits a GPU backend: no worker threads, no dense
 //! copies, reshapes taken as views. Each answer only changes speed, never values (the
@@ -45,9 +45,11 @@ pub fn prefer_dense<B>() -> bool {
 }
 
 /// Whether inner backend `B` copies the data on every reshape: NdArray (its `reshape` returns an
-/// owned array even for a contiguous input). There merging dims for an element-wise op costs a
-/// copy per operand, more than the low-rank fast path saves: without it the model-parallel step
-/// went from 824 to 740 µs, the data-parallel one from 700 to 651 µs (NOTES.md).
+/// owned array even for a contiguous input; the decorator's own reshapes take a
+/// [`reshape_view`] first, which covers row-major arrays only). There merging dims for an
+/// element-wise op costs a copy per operand (stacked operands are often broadcast views), more
+/// than the low-rank fast path saves: without it the model-parallel step went from 824 to
+/// 740 µs, the data-parallel one from 700 to 651 µs (NOTES.md, before [`reshape_view`]).
 pub fn reshape_copies<B>() -> bool {
     std::any::type_name::<B>().starts_with("burn_ndarray::")
 }
@@ -142,6 +144,78 @@ pub fn host_bytes_mut<P: 'static>(t: &mut P) -> Option<&mut [u8]> {
     }
     let _ = any;
     None
+}
+
+/// Primitive `t` reshaped to `shape` as a view of its storage, where the inner backend's own
+/// reshape would copy: NdArray's arrays in row-major (standard) layout, whose `reshape` returns
+/// a copy even then ([`reshape_copies`]). The view shares `t`'s storage (NdArray's arrays are
+/// reference-counted and copy on write), so the values are those of the backend's reshape and
+/// dropping `t` leaves the view the storage's only owner. `None` for every other backend, for a
+/// permuted or strided array and for a `shape` of another element count: the caller uses the
+/// backend's reshape then. Every reshape of the decorator goes through here first
+/// ([`crate::tensor::Kind::reshape`]): in the stacked matmul and its contraction these copies
+/// were 3-4% of the 8-device model-parallel IMDB step (NOTES.md).
+pub fn reshape_view<P: 'static>(t: &P, shape: &[usize]) -> Option<P> {
+    #[cfg(feature = "ndarray")]
+    {
+        use burn_ndarray::NdArrayTensor as T;
+        let t = (t as &dyn std::any::Any).downcast_ref::<T>()?;
+        macro_rules! view {
+            ($($v:ident),*) => {
+                match t {
+                    $(T::$v(s) => {
+                        if !s.is_owned() || !s.view().is_standard_layout() {
+                            return None;
+                        }
+                        let a = s.clone().into_shared();
+                        T::$v(a.into_shape_with_order(ndarray::IxDyn(shape)).ok()?.into())
+                    })*
+                }
+            };
+        }
+        let out: Box<dyn std::any::Any> =
+            Box::new(view!(F64, F32, I64, I32, I16, I8, U64, U32, U16, U8, Bool));
+        return out.downcast::<P>().ok().map(|p| *p);
+    }
+    #[allow(unreachable_code)]
+    {
+        let _ = (t, shape);
+        None
+    }
+}
+
+/// The values of primitive `t` for [`crate::tensor::Kind::into_data`] where the backend's own
+/// download would walk them element by element: an NdArray array in row-major layout whose
+/// storage another handle shares (a clone autodiff keeps, a [`reshape_view`] of it). NdArray
+/// moves a unique array's buffer out whole but collects a shared one through its iterator (58 ms
+/// for 8 MB, NOTES.md); this is one copy of the slice. `None` otherwise (the backend's download
+/// is as good or better).
+pub fn shared_host_data<P: 'static>(t: &P) -> Option<burn::tensor::TensorData> {
+    #[cfg(feature = "ndarray")]
+    {
+        use burn_ndarray::NdArrayTensor as T;
+        let t = (t as &dyn std::any::Any).downcast_ref::<T>()?;
+        macro_rules! copy {
+            ($($v:ident),*) => {
+                match t {
+                    $(T::$v(s) => {
+                        if s.is_unique() {
+                            return None;
+                        }
+                        let v = s.view();
+                        let shape = v.shape().to_vec();
+                        burn::tensor::TensorData::new(v.to_slice()?.to_vec(), shape)
+                    })*
+                }
+            };
+        }
+        return Some(copy!(F64, F32, I64, I32, I16, I8, U64, U32, U16, U8, Bool));
+    }
+    #[allow(unreachable_code)]
+    {
+        let _ = t;
+        None
+    }
 }
 
 /// NdArray's product of two float shards (`[.., m, k] @ [.., k, n]`, batch dims equal or 1,
@@ -327,6 +401,67 @@ mod tests {
         check::<NdArray>();
         check::<Flex>();
         assert!(super::host_bytes_mut(&mut 0u32).is_none());
+    }
+
+    /// A reshape view holds the backend's reshape's values in the input's storage (no copy),
+    /// for float, int and bool arrays and for a row-major slice; a transposed view and another
+    /// backend get `None`. A shared row-major array downloads as a copy of its values.
+    #[test]
+    fn reshape_views_share_storage_and_hold_the_reshaped_values() {
+        use burn::tensor::ops::{FloatTensorOps, IntTensorOps};
+        use burn::tensor::{Int, Shape, Tensor, TensorPrimitive};
+        type N = burn_ndarray::NdArrayTensor;
+        let d = Default::default();
+        let t = Tensor::<NdArray, 2>::from_data([[1.0f32, 2.0, 3.0], [4.0, 5.0, 6.0]], &d);
+        let p = match (t.clone() * 1.0).into_primitive() {
+            TensorPrimitive::Float(p) => p,
+            TensorPrimitive::QFloat(_) => unreachable!(),
+        };
+        let view: N = super::reshape_view(&p, &[3, 2]).expect("row-major");
+        assert_eq!(
+            super::host_bytes(&view).map(<[u8]>::as_ptr),
+            super::host_bytes(&p).map(<[u8]>::as_ptr),
+            "a view of the same storage"
+        );
+        let want =
+            <NdArray as FloatTensorOps<NdArray>>::float_into_data(<NdArray as FloatTensorOps<
+                NdArray,
+            >>::float_reshape(
+                p.clone(), Shape::new([3, 2])
+            ));
+        let got = super::shared_host_data(&view).expect("shared with `p`");
+        got.assert_eq(&burn::tensor::read_sync(want).unwrap(), true);
+        // A row-major slice (rows 1..2) reshapes as a view too.
+        let row = <NdArray as FloatTensorOps<NdArray>>::float_slice(
+            p.clone(),
+            &[burn::tensor::Slice::from(1..2)],
+        );
+        let flat: N = super::reshape_view(&row, &[3]).expect("contiguous rows");
+        let flat = Tensor::<NdArray, 1>::from_primitive(TensorPrimitive::Float(flat));
+        flat.into_data().assert_eq(&[4.0f32, 5.0, 6.0].into(), true);
+        // Int and bool.
+        let it = Tensor::<NdArray, 2, Int>::from_data([[1, 2], [3, 4]], &d);
+        let i = it.clone().into_primitive();
+        let iv: N = super::reshape_view(&i, &[4]).expect("row-major ints");
+        let iv = <NdArray as IntTensorOps<NdArray>>::int_into_data(iv);
+        assert_eq!(
+            burn::tensor::read_sync(iv)
+                .unwrap()
+                .to_vec::<i64>()
+                .unwrap()
+                .len(),
+            4
+        );
+        let b = it.equal_elem(2).reshape([1, 4]).into_primitive();
+        assert!(super::reshape_view(&b, &[2, 2]).is_some());
+        // Not for a transposed view, a wrong element count or another backend.
+        let tp = <NdArray as FloatTensorOps<NdArray>>::float_swap_dims(p.clone(), 0, 1);
+        assert!(super::reshape_view(&tp, &[6]).is_none());
+        assert!(super::reshape_view(&p, &[4]).is_none());
+        assert!(super::reshape_view(&0u32, &[1]).is_none());
+        // A unique array is downloaded by the backend (its buffer moved out).
+        drop((view, row, tp));
+        assert!(super::shared_host_data(&p).is_none());
     }
 
     /// NdArray's GEMM on the operands as they lie gives bitwise NdArray's `float_matmul` (which

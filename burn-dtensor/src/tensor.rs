@@ -361,10 +361,16 @@ macro_rules! kind_io {
             if t.shape().num_elements() == 0 {
                 return TensorData::from_bytes_vec(Vec::new(), t.shape(), t.dtype());
             }
+            if let Some(data) = crate::inner::shared_host_data(&t) {
+                return data;
+            }
             burn::tensor::read_sync(B::float_into_data(t)).expect("reading a float shard")
         }
         fn reshape(t: Self::P, s: Shape) -> Self::P {
-            B::float_reshape(t, s)
+            match crate::inner::reshape_view(&t, &s) {
+                Some(view) => view,
+                None => B::float_reshape(t, s),
+            }
         }
         fn permute(t: Self::P, axes: &[usize]) -> Self::P {
             B::float_permute(t, axes)
@@ -396,10 +402,16 @@ macro_rules! kind_io {
             if t.shape().num_elements() == 0 {
                 return TensorData::from_bytes_vec(Vec::new(), t.shape(), t.dtype());
             }
+            if let Some(data) = crate::inner::shared_host_data(&t) {
+                return data;
+            }
             burn::tensor::read_sync(B::int_into_data(t)).expect("reading an int shard")
         }
         fn reshape(t: Self::P, s: Shape) -> Self::P {
-            B::int_reshape(t, s)
+            match crate::inner::reshape_view(&t, &s) {
+                Some(view) => view,
+                None => B::int_reshape(t, s),
+            }
         }
         fn permute(t: Self::P, axes: &[usize]) -> Self::P {
             B::int_permute(t, axes)
@@ -431,10 +443,16 @@ macro_rules! kind_io {
             if t.shape().num_elements() == 0 {
                 return TensorData::from_bytes_vec(Vec::new(), t.shape(), t.dtype());
             }
+            if let Some(data) = crate::inner::shared_host_data(&t) {
+                return data;
+            }
             burn::tensor::read_sync(B::bool_into_data(t)).expect("reading a bool shard")
         }
         fn reshape(t: Self::P, s: Shape) -> Self::P {
-            B::bool_reshape(t, s)
+            match crate::inner::reshape_view(&t, &s) {
+                Some(view) => view,
+                None => B::bool_reshape(t, s),
+            }
         }
         fn permute(t: Self::P, axes: &[usize]) -> Self::P {
             B::bool_permute(t, axes)
@@ -447,7 +465,7 @@ macro_rules! kind_io {
 
 /// `reduce` and `zeros` of the numeric kinds, from their inner ops.
 macro_rules! numeric_kind {
-    ($kind:ident, $prim:ident, $io:ident, $add:ident, $greater:ident, $lower:ident, $mask_where:ident, $device:ident, $zeros:ident, $sum_dim:ident, $max_dim:ident, $min_dim:ident, $mul_scalar:ident) => {
+    ($kind:ident, $prim:ident, $io:ident, $add:ident, $greater:ident, $lower:ident, $mask_where:ident, $device:ident, $zeros:ident, $sum_dim:ident, $max_dim:ident, $min_dim:ident, $mul_scalar:ident, $reshape:ident) => {
         impl<B: Backend> Kind<B> for $kind {
             type P = $prim<B>;
             kind_io!($io);
@@ -468,12 +486,13 @@ macro_rules! numeric_kind {
                 B::$zeros(shape, d, dtype.into())
             }
             fn into_host(t: Self::P) -> TensorData {
-                // NdArray: a reshape to the same shape is a fresh row-major copy even of a
+                // NdArray: its reshape to the same shape is a fresh row-major copy even of a
                 // permuted view, where `x * 1` keeps the view's strides and the download then
-                // walks it element by element.
+                // walks it element by element (the backend's own reshape: `Kind::reshape`
+                // would give a view of a shared buffer, which the download walks too).
                 let fresh = if crate::inner::reshape_copies::<B>() {
                     let shape = t.shape();
-                    <Self as Kind<B>>::reshape(t, shape)
+                    B::$reshape(t, shape)
                 } else {
                     B::$mul_scalar(t, 1i64.into())
                 };
@@ -503,7 +522,8 @@ numeric_kind!(
     float_sum_dim,
     float_max_dim,
     float_min_dim,
-    float_mul_scalar
+    float_mul_scalar,
+    float_reshape
 );
 numeric_kind!(
     IntKind,
@@ -518,7 +538,8 @@ numeric_kind!(
     int_sum_dim,
     int_max_dim,
     int_min_dim,
-    int_mul_scalar
+    int_mul_scalar,
+    int_reshape
 );
 
 impl<B: Backend> Kind<B> for BoolKind {
