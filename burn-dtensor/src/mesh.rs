@@ -149,6 +149,26 @@ impl MeshTopology {
             self.axes[a].1
         }
     }
+    /// This process's first coordinate along axis `a`: its block of positions starts there
+    /// (0 in one process).
+    pub(crate) fn local_origin(&self, a: usize) -> usize {
+        if self.multi {
+            self.grid.pcoord[a] * self.grid.local_sizes[a]
+        } else {
+            0
+        }
+    }
+    /// The index among this process's addressable positions of global position `g`, which this
+    /// process owns (`g` itself in one process): row-major over the local block, the inverse of
+    /// [`MeshTopology::global`].
+    pub(crate) fn local_index(&self, g: usize) -> usize {
+        if !self.multi {
+            return g;
+        }
+        (0..self.ndim()).fold(0, |acc, a| {
+            acc * self.grid.local_sizes[a] + self.coord(g, a) - self.local_origin(a)
+        })
+    }
     /// [`MeshTopology::groups`] restricted to this process's positions, as indices into its
     /// addressable shards: the in-process part of a collective along `a`, each group ordered by
     /// coordinate. In one process, the groups themselves.
@@ -280,8 +300,10 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
     /// `mpirun -n 4` over `Mesh::spmd([("batch", 4), ("model", 2)], vec![dev; 2])`: rank `r` owns
     /// batch row `r`, both model columns.
     ///
-    /// Multi-process meshes run per device (no stacked form) and move data between processes
-    /// through host memory (the MPI engine).
+    /// A process holding several positions on one inner device (a virtual mesh per process)
+    /// runs them stacked, as one process does ([`crate::stack`]: each op once on the stacked
+    /// shards of its block); collectives run per position, combined in process before they go
+    /// across processes through the engine (MPI on host memory).
     ///
     /// # Errors
     /// As [`Mesh::new`] for the axes; [`DTensorError::ProcessGrid`] when the processes' devices
@@ -334,7 +356,13 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
             std::any::type_name::<D>(),
             engine,
         )?;
-        Ok(Self::intern(axes, local_devices, false, Vec::new(), grid))
+        Ok(Self::intern(
+            axes,
+            local_devices,
+            crate::config::try_config()?.stacked_execution,
+            Vec::new(),
+            grid,
+        ))
     }
 
     /// [`Mesh::spmd`] from `"batch=4,model=2"`.
@@ -405,8 +433,8 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
         grid: crate::spmd::ProcessGrid,
     ) -> Self {
         let multi = grid.world_size > 1;
-        let stacked =
-            stacked && !multi && devices.len() > 1 && devices.iter().all(|d| *d == devices[0]);
+        // `devices` are this process's: a multi-process mesh stacks the positions it holds.
+        let stacked = stacked && devices.len() > 1 && devices.iter().all(|d| *d == devices[0]);
         let mut reg = registry().lock().unwrap();
         for entry in reg.iter() {
             if let Some(m) = entry.downcast_ref::<Mesh<D>>()

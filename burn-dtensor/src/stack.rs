@@ -20,6 +20,14 @@
 //! the virtual devices share the cores anyway, the per-op cost of the inner backend (allocation,
 //! dispatch, iterator setup) is what dominated the per-shard path at the IMDB job's sizes.
 //!
+//! On a multi-process mesh ([`crate::Mesh::spmd`]) a process stacks only the positions it holds
+//! (its addressable shards, a box of the mesh): the leading dim of a used axis has that axis'
+//! *local* extent ([`crate::MeshTopology::local_axis_size`]), index `c` being the process's
+//! coordinate `local_origin + c`. Compute runs stacked as in one process; collectives run per
+//! position (`redistribute::execute`), combined in process and then across processes, as
+//! without stacking, so results and communication accounting are those of the per-position
+//! path.
+//!
 //! Stacked form applies when the mesh allows it ([`crate::MeshTopology::is_stacked`]: virtual,
 //! not switched off) and the layout splits every sharded dim evenly with no empty dim; other
 //! tensors stay per device, and an op whose operands are not all stackable (or whose rule has
@@ -78,14 +86,16 @@ pub fn uses_axis(layout: &Layout, a: usize) -> bool {
     layout.partial[a].is_some() || layout.dims.contains(&Some(a))
 }
 
-/// The stacked primitive's shape (see the module docs): per mesh axis its size where the layout
-/// uses it, else 1; then the per-shard shape (the layout must split its sharded dims evenly).
+/// The stacked primitive's shape (see the module docs): per mesh axis the extent this process
+/// holds ([`MeshTopology::local_axis_size`](crate::MeshTopology::local_axis_size): the axis size
+/// in one process) where the layout uses it, else 1; then the per-shard shape (the layout must
+/// split its sharded dims evenly).
 pub fn stack_shape(layout: &Layout, shape: &[usize]) -> Vec<usize> {
     let topo = &layout.mesh;
     let mut out: Vec<usize> = (0..topo.ndim())
         .map(|a| {
             if uses_axis(layout, a) {
-                topo.axis_size(a)
+                topo.local_axis_size(a)
             } else {
                 1
             }
@@ -99,6 +109,19 @@ pub fn stack_shape(layout: &Layout, shape: &[usize]) -> Vec<usize> {
             .map(|(s, &n)| s.map_or(n, |a| n / topo.axis_size(a))),
     );
     out
+}
+
+/// Elements of the stacked primitive that one process holding the whole mesh would hold
+/// ([`stack_shape`] with every used axis at its full size): what the decisions that must not
+/// depend on the process count weigh (`ops::common::matmul`'s contraction), where
+/// [`stack_shape`] gives this process's block.
+pub fn whole_mesh_stack_elements(layout: &Layout, shape: &[usize]) -> usize {
+    let topo = &layout.mesh;
+    (0..topo.ndim())
+        .filter(|&a| uses_axis(layout, a))
+        .map(|a| topo.axis_size(a))
+        .product::<usize>()
+        * shard_elements(layout, shape)
 }
 
 /// Elements of one shard of a tensor of global `shape` under `layout` (even split).
@@ -135,18 +158,22 @@ pub fn stackable_shape(layout: &Layout, shape: &[usize]) -> bool {
             .all(|(a, p)| p.is_none() || !layout.dims.contains(&Some(a)))
 }
 
-/// The flat index of the device whose shard represents device `i`'s: same coordinates on the
-/// axes the layout uses, 0 on the others.
+/// The global flat index of the device whose shard represents device `i`'s (both global flat
+/// indices of positions this process holds): same coordinates on the axes the layout uses, this
+/// process's first coordinate on the others (0 in one process).
 pub(crate) fn representative(layout: &Layout, i: usize) -> usize {
     let topo = &layout.mesh;
     (0..topo.ndim())
         .filter(|&a| !uses_axis(layout, a))
-        .fold(i, |i, a| i - topo.coord(i, a) * topo.strides[a])
+        .fold(i, |i, a| {
+            i + topo.local_origin(a) * topo.strides[a] - topo.coord(i, a) * topo.strides[a]
+        })
 }
 
-/// Whether device `i` holds a distinct shard under `layout` (it is its own [`representative`]:
-/// coordinate 0 on every axis the layout does not use). The representatives in row-major order
-/// are the stacked primitive's shards, in its order; one per chunk of the global tensor.
+/// Whether device `i` (a global flat index this process holds) holds a distinct shard under
+/// `layout` (it is its own [`representative`]: this process's first coordinate on every axis the
+/// layout does not use). The representatives in row-major order are the stacked primitive's
+/// shards, in its order; in one process one per chunk of the global tensor.
 pub(crate) fn is_representative(layout: &Layout, i: usize) -> bool {
     representative(layout, i) == i
 }
@@ -171,7 +198,7 @@ pub fn to_stacked<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> {
         .per_device()
         .iter()
         .enumerate()
-        .filter(|(i, _)| is_representative(&t.layout, *i))
+        .filter(|(j, _)| is_representative(&t.layout, t.layout.mesh.global(*j)))
         .map(|(_, p)| p.clone())
         .collect();
     let stack = if reps.len() == 1 {
@@ -201,12 +228,13 @@ pub fn to_per_device<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> 
     let (shape, layout) = (&t.shape, &t.layout);
     let topo = layout.mesh.clone();
     let k = topo.ndim();
-    let n = topo.size();
+    let n = topo.local_size();
     let mut out: Vec<K::P> = Vec::with_capacity(n);
-    for i in 0..n {
+    for j in 0..n {
+        let i = topo.global(j);
         let rep = representative(layout, i);
         if rep != i {
-            let p = out[rep].clone();
+            let p = out[topo.local_index(rep)].clone();
             out.push(p);
             continue;
         }
@@ -215,7 +243,7 @@ pub fn to_per_device<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> 
             let mut slices: Vec<Slice> = (0..k)
                 .map(|a| {
                     let c = if uses_axis(layout, a) {
-                        topo.coord(i, a)
+                        topo.coord(i, a) - topo.local_origin(a)
                     } else {
                         0
                     };

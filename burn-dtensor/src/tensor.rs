@@ -44,9 +44,10 @@ pub enum Shards<P> {
     /// multi-process mesh only this process's positions, `v[j]` being position
     /// [`MeshTopology::global`](crate::MeshTopology::global)`(j)` (see [`crate::spmd`]).
     PerDevice(Vec<P>),
-    /// One primitive of shape [`crate::stack::stack_shape`] holding every shard (virtual meshes only,
-    /// see [`crate::stack`]): one leading dim per mesh axis (the axis size where the layout uses
-    /// the axis, else 1), then the per-shard shape.
+    /// One primitive of shape [`crate::stack::stack_shape`] holding every addressable shard
+    /// (virtual meshes only, see [`crate::stack`]): one leading dim per mesh axis (the extent
+    /// this process holds where the layout uses the axis, the axis size in one process; else 1),
+    /// then the per-shard shape.
     Stacked(P),
     /// A stacked partial tensor held by its reduced value, its shards computed when first read
     /// (see [`Deferred`]).

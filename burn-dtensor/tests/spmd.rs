@@ -106,7 +106,10 @@ fn meshes() -> Vec<Mesh<Dev>> {
         .iter()
         .map(|s| {
             let size: usize = s.iter().map(|(_, k)| k).product();
-            Mesh::spmd(s.iter().copied(), vec![Dev::default(); size / n]).unwrap()
+            let m = Mesh::spmd(s.iter().copied(), vec![Dev::default(); size / n]).unwrap();
+            // A process holding several positions of one device runs them stacked.
+            assert_eq!(m.topology().is_stacked(), size / n > 1, "{m}");
+            m
         })
         .collect()
 }

@@ -306,8 +306,8 @@ where
             .max(xs.num_elements())
             .max(ys.num_elements())
     };
-    let elements =
-        |l: &Layout, shape: &[usize]| stack::stack_shape(l, shape).iter().product::<usize>();
+    // Whole-mesh sizes: the decision is the one-process run's on every process count.
+    let elements = stack::whole_mesh_stack_elements;
     // Whether one process holding the whole mesh as virtual devices would contract the stacked
     // operands in one matmul (a partial output whose products outnumber the operands, every
     // operand stackable): the deferred partial products below.
@@ -334,7 +334,7 @@ where
             f(x, y)
         });
     }
-    if s.output.mesh.stacked && one_process_contracts() {
+    if s.output.mesh.stacked && !s.output.mesh.multi && one_process_contracts() {
         let x = execute_stacked::<B, K>(lhs, &s.inputs[0]);
         let y = execute_stacked::<B, K>(rhs, &s.inputs[1]);
         let k = s.output.mesh.ndim();
@@ -689,7 +689,8 @@ pub fn distribute<B: Backend, K: Kind<B>>(
         // after the first (spatial mode's features), which backends then copy element by
         // element.
         let target = stack::stack_shape(&settled, &shape);
-        let boxes: Vec<_> = (0..mesh.size())
+        let boxes: Vec<_> = (0..settled.mesh.local_size())
+            .map(|j| settled.mesh.global(j))
             .filter(|&i| stack::is_representative(&settled, i))
             .map(|i| local_ranges(&settled, &shape, i))
             .collect();

@@ -5,7 +5,8 @@
 //! combiner: across processes a collective costs a latency per message (a start-up handshake, a
 //! barrier, a poll), so six small gradients cost six latencies where one bucket costs one.
 //!
-//! What a bucket may hold ([`bucketable`]): a partial tensor held per device whose settled layout
+//! What a bucket may hold ([`bucketable`]): a partial tensor held per device (or stacked on a
+//! multi-process mesh, where a process's stacked block settles per position anyway) whose settled layout
 //! shards no dim (every shard is the whole tensor: a data-parallel gradient) and whose reduction
 //! is not memoised yet. Every member of one bucket has the same mesh, the same pending
 //! reductions and the same dtype ([`Key`]). The reduction is element-wise, so each element is
@@ -34,7 +35,8 @@ pub fn bucketable<P: TensorMetadata>(t: &DTensor<P>) -> Option<Key> {
     let memoised = t.reduced.as_ref().is_some_and(|m| m.get().is_some());
     (t.layout.is_partial()
         && t.layout.dims.iter().all(Option::is_none)
-        && matches!(t.shards, Shards::PerDevice(_))
+        && (matches!(t.shards, Shards::PerDevice(_))
+            || (t.layout.mesh.multi && matches!(t.shards, Shards::Stacked(_))))
         && !memoised)
         .then(|| Key {
             mesh: t.layout.mesh.id,
@@ -77,8 +79,9 @@ pub fn settle_together<B: Backend, K: Kind<B>>(
     for t in ts {
         let n: usize = t.shape.iter().product();
         let to = t.layout.without_partial();
+        let t = crate::stack::to_per_device::<B, K>(t);
         let Shards::PerDevice(shards) = t.shards else {
-            unreachable!("a bucket member is held per device (`bucketable`)")
+            unreachable!("`to_per_device` holds the shards per device")
         };
         for (j, s) in shards.into_iter().enumerate() {
             parts[j].push(K::reshape(s, Shape::new([n])));
