@@ -23,9 +23,10 @@
 //! On a multi-process mesh ([`crate::Mesh::spmd`]) a process stacks only the positions it holds
 //! (its addressable shards, a box of the mesh): the leading dim of a used axis has that axis'
 //! *local* extent ([`crate::MeshTopology::local_axis_size`]), index `c` being the process's
-//! coordinate `local_origin + c`. Compute runs stacked as in one process; collectives run per
-//! position (`redistribute::execute`), combined in process and then across processes, as
-//! without stacking, so results and communication accounting are those of the per-position
+//! coordinate `local_origin + c`. Compute runs stacked as in one process, and so do the
+//! collectives along an axis the process holds whole; along an axis that spans processes they
+//! run per position (`redistribute::execute`), combined in process and then across processes,
+//! as without stacking. Results and communication accounting are those of the per-position
 //! path.
 //!
 //! Stacked form applies when the mesh allows it ([`crate::MeshTopology::is_stacked`]: virtual,

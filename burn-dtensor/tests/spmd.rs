@@ -311,6 +311,73 @@ fn ops_and_relayouts_across_processes() {
     done(name);
 }
 
+/// `l` with the same sharding spec and pending reductions on mesh `m` (a mesh of the same axes).
+fn on_mesh(l: &Layout, m: &Mesh<Dev>) -> Layout {
+    let mut out = Layout::replicated(m, l.rank());
+    for d in 0..l.rank() {
+        out = out.with_dim(d, l.dim_axis(d));
+    }
+    for a in 0..m.topology().ndim() {
+        if let Some(op) = l.partial(a) {
+            out = out.with_partial(a, op);
+        }
+    }
+    out
+}
+
+/// A process's positions held stacked relayout as the same positions held one by one: every
+/// layout pair, both reductions, the same values bitwise and the same collectives recorded
+/// (kind, axis, bytes in process and across processes). Along an axis the process holds whole
+/// the stacked collectives run; along one that spans processes the per-position ones.
+#[test]
+fn stacked_relayouts_match_per_position_ones_across_processes() {
+    let name = "stacked_relayouts_match_per_position_ones_across_processes";
+    if launched(name, &[2, 4]) {
+        return;
+    }
+    for reduction in [spmd::Reduction::Ordered, spmd::Reduction::Engine] {
+        configure(config().with_reduction(reduction));
+        for m in meshes().into_iter().filter(|m| m.topology().is_stacked()) {
+            let unstacked = m.with_stacked_execution(false);
+            let ls = layouts(&m);
+            for shape in [[8, 8], [5, 3]] {
+                let dx = data(shape, 4);
+                for la in &ls {
+                    for lb in &ls {
+                        let x: Tensor<DB, 2> = distribute(dx.clone(), la).unwrap();
+                        let xp: Tensor<DB, 2> =
+                            distribute(dx.clone(), &on_mesh(la, &unstacked)).unwrap();
+                        let (y, log) = record_comms(|| x.relayout(lb));
+                        let (yp, logp) = record_comms(|| xp.relayout(&on_mesh(lb, &unstacked)));
+                        let (y, yp) = match (y, yp) {
+                            (Ok(y), Ok(yp)) => (y, yp),
+                            // A relayout the planner refuses is refused in both forms.
+                            (Err(_), Err(_)) => continue,
+                            (y, yp) => panic!(
+                                "{la} -> {lb}: stacked {:?}, per position {:?}",
+                                y.err(),
+                                yp.err()
+                            ),
+                        };
+                        assert_eq!(log, logp, "{la} -> {lb} ({reduction:?}): collectives");
+                        let (v, vp) = (y.to_local_shards(), yp.to_local_shards());
+                        assert_eq!(v.len(), vp.len());
+                        for (a, b) in v.into_iter().zip(vp) {
+                            assert_eq!(
+                                a.into_data(),
+                                b.into_data(),
+                                "{la} -> {lb} ({reduction:?}): shards"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    configure(config().with_reduction(spmd::Reduction::Ordered));
+    done(name);
+}
+
 /// With the engine's reduction (`Reduction::Engine`): every partial layout relaid out to every
 /// settled one, even and uneven shapes, so that a pending sum settles by the engine's all-reduce
 /// (to replicated) or its reduce-scatter (`MPI_Reduce_scatter`, to a sharded dim 0 or dim 1),

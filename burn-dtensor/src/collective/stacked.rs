@@ -1,8 +1,11 @@
 //! Collectives on a stacked primitive (see [`crate::stack`]): dim `a < k` of the primitive is mesh
 //! axis `a`, tensor dim `d` is primitive dim `k + d`. Each is one or two inner ops on the whole
 //! stack, for every sub-group of the axis at once. They record the same communication as their
-//! per-device counterparts in [`super::generic`] (bytes received, summed over all devices), so
-//! [`CommDebugMode`](crate::CommDebugMode) reports the same figures in both forms.
+//! per-device counterparts in [`super::generic`] (bytes received, summed over this process's
+//! devices: all of them in one process), so [`CommDebugMode`](crate::CommDebugMode) reports the
+//! same figures in both forms. On a multi-process mesh they run only along an axis the process
+//! holds whole (`redistribute::execute`); along one that spans processes the stack goes per
+//! position through [`super::across`].
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Shape, Slice, TensorMetadata};
@@ -45,7 +48,7 @@ pub fn record_all_reduce<P: TensorMetadata>(
     global: &[usize],
 ) {
     let m = topo.axis_size(axis) as u64;
-    let groups = topo.size() as u64 / m;
+    let groups = topo.local_size() as u64 / m;
     comm::record(
         CollectiveKind::AllReduce,
         topo.axis_name(axis),
@@ -78,7 +81,7 @@ pub fn record_reduce_scatter<P: TensorMetadata>(
     global: &[usize],
 ) {
     let m = topo.axis_size(axis) as u64;
-    let groups = topo.size() as u64 / m;
+    let groups = topo.local_size() as u64 / m;
     comm::record(
         CollectiveKind::ReduceScatter,
         topo.axis_name(axis),
@@ -98,7 +101,7 @@ pub fn all_gather<B: Backend, K: Kind<B>>(
 ) -> K::P {
     let k = topo.ndim();
     let m = topo.axis_size(axis);
-    let groups = (topo.size() / m) as u64;
+    let groups = (topo.local_size() / m) as u64;
     comm::record(
         CollectiveKind::AllGather,
         topo.axis_name(axis),
@@ -228,7 +231,7 @@ pub fn all_to_all<B: Backend, K: Kind<B>>(
     comm::record(
         CollectiveKind::AllToAll,
         topo.axis_name(axis),
-        topo.size() as u64 * (shard_bytes(&x, k) * (m - 1) / m),
+        topo.local_size() as u64 * (shard_bytes(&x, k) * (m - 1) / m),
         global,
     );
     let whole = gather_dims::<B, K>(x, k, axis, from);

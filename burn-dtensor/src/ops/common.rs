@@ -330,8 +330,14 @@ where
         && one_process_contracts()
     {
         let g = rules::matmul::gathered_contraction(&s);
-        return run2_weighted::<B, K, K, K>(lhs, rhs, &g, shape, false, weigh, move |_, x, y| {
-            f(x, y)
+        // Stacked where the process holds several positions: one product per distinct weight
+        // shard, as per position, and the output already in the stacked form its consumer (the
+        // optimizer's update of a stacked parameter) reads.
+        return run2_weighted::<B, K, K, K>(lhs, rhs, &g, shape, true, weigh, move |at, x, y| {
+            match at {
+                At::Stacked(k) => stack::matmul::<B, K>(x, y, k, &f),
+                At::Device(_) => f(x, y),
+            }
         });
     }
     if s.output.mesh.stacked && !s.output.mesh.multi && one_process_contracts() {

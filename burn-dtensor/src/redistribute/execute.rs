@@ -184,12 +184,18 @@ fn run<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout, steps: &[Step]) ->
         return stack::output(t.shape.clone(), to.clone(), d.reduced.clone());
     }
     if t.is_stacked() {
-        if !t.layout.mesh.multi {
+        let topo = &t.layout.mesh;
+        if steps
+            .iter()
+            .all(|s| topo.local_axis_size(s.axis()) == topo.axis_size(s.axis()))
+        {
+            // Every step along an axis this process holds whole (all of them in one process):
+            // on the stack, in mesh coordinate order, as one process holding the mesh does.
             return run_stacked::<B, K>(t, to, steps);
         }
-        // A process's stacked block of a multi-process mesh: the collectives run per position
-        // (in process, then across processes: the ordered reduction's order, the accounting of
-        // the unstacked path), the result is stacked again.
+        // Along an axis that spans processes: the collectives run per position (in process,
+        // then across processes: the ordered reduction's order, the accounting of the
+        // unstacked path), the result is stacked again.
         let r = run::<B, K>(stack::to_per_device::<B, K>(t), to, steps);
         return if stack::stackable(to, &r.shape) {
             stack::to_stacked::<B, K>(r)
