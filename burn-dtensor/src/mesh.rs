@@ -302,7 +302,8 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
     ///
     /// A process holding several positions on one inner device (a virtual mesh per process)
     /// runs them stacked, as one process does ([`crate::stack`]: each op once on the stacked
-    /// shards of its block); collectives run per position, combined in process before they go
+    /// shards of its block); collectives along an axis it holds whole run on the stack, those
+    /// along an axis that spans processes per position, combined in process before they go
     /// across processes through the engine (MPI on host memory).
     ///
     /// # Errors

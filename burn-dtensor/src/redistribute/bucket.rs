@@ -6,8 +6,7 @@
 //! barrier, a poll), so six small gradients cost six latencies where one bucket costs one.
 //!
 //! What a bucket may hold ([`bucketable`]): a partial tensor held per device (or stacked on a
-//! multi-process mesh, where a process's stacked block settles per position anyway) whose settled layout
-//! shards no dim (every shard is the whole tensor: a data-parallel gradient) and whose reduction
+//! multi-process mesh, sliced per position for the bucket) whose settled layout shards no dim (every shard is the whole tensor: a data-parallel gradient) and whose reduction
 //! is not memoised yet. Every member of one bucket has the same mesh, the same pending
 //! reductions and the same dtype ([`Key`]). The reduction is element-wise, so each element is
 //! reduced from the same shard values in the same order as it would be alone: the ordered
