@@ -95,6 +95,18 @@ fn direct(_: &str, _: usize, _: usize, _: usize) -> f64 {
     f64::NAN
 }
 
+/// Every process waits for the others (untimed), so that a timed collective starts together on
+/// all of them, as the direct call's back-to-back repetitions do: without it, a rank's clock
+/// also counts the time a peer spends making its input.
+#[cfg(feature = "mpi")]
+fn line_up() {
+    use mpi::traits::*;
+    mpi::topology::SimpleCommunicator::world().barrier();
+}
+
+#[cfg(not(feature = "mpi"))]
+fn line_up() {}
+
 fn worker() {
     let world = spmd::init().expect("joining the MPI world");
     let p = world.size();
@@ -133,7 +145,11 @@ fn worker() {
     };
     for side in sides {
         let bytes = (side * side * 4) as f64;
-        let reps = if side >= 1024 { 10 } else { 30 };
+        // `SPMD_BENCH_REPS=200` (for a profiler): more repetitions than the defaults.
+        let reps = std::env::var("SPMD_BENCH_REPS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(if side >= 1024 { 10 } else { 30 });
         let data = TensorData::new(vec![1.0f32; side * side], [side, side]);
         let line = |name: &str, path: &str, t: f64, factor: f64, reference: f64| {
             if chief {
@@ -173,11 +189,10 @@ fn worker() {
                 // so relaying out clones of one would reduce once), all made before the clock
                 // starts: only the relayout is timed. Each result is dropped untimed before the
                 // next relayout, as a training step drops its buffers.
-                let mut inputs: Vec<Tensor<DB, 2>> = (0..=reps)
-                    .map(|_| distribute(data.clone(), from).unwrap())
-                    .collect();
                 let mut times = Vec::with_capacity(reps + 1);
-                while let Some(x) = inputs.pop() {
+                for _ in 0..=reps {
+                    let x: Tensor<DB, 2> = distribute(data.clone(), from).unwrap();
+                    line_up();
                     let t = Instant::now();
                     let y = x.relayout(to).unwrap();
                     times.push(t.elapsed().as_secs_f64());
@@ -193,18 +208,20 @@ fn worker() {
             let share = n / p;
             let t = match name {
                 "all-reduce" => {
-                    let (send, mut recv) = (vec![0u8; n], vec![0u8; n]);
+                    let (send, mut recv) = (vec![0u8; n], Vec::<u8>::with_capacity(n));
+                    let recv = &mut recv.spare_capacity_mut()[..n];
                     time(reps, || {
-                        pg.all_reduce_into(&send, &mut recv, DType::F32, ReduceOp::Sum, "bench")
+                        pg.all_reduce_into(&send, recv, DType::F32, ReduceOp::Sum, "bench")
                     })
                 }
                 "reduce-scatter" => {
-                    let (send, mut recv) = (vec![0u8; share * p], vec![0u8; share]);
+                    let (send, mut recv) = (vec![0u8; share * p], Vec::<u8>::with_capacity(share));
+                    let recv = &mut recv.spare_capacity_mut()[..share];
                     time(reps, || {
                         pg.reduce_scatter_into(
                             &send,
                             &vec![share; p],
-                            &mut recv,
+                            recv,
                             DType::F32,
                             ReduceOp::Sum,
                             "bench",
@@ -212,16 +229,18 @@ fn worker() {
                     })
                 }
                 "all-gather" => {
-                    let (send, mut recv) = (vec![0u8; share], vec![0u8; share * p]);
+                    let (send, mut recv) = (vec![0u8; share], Vec::<u8>::with_capacity(share * p));
+                    let recv = &mut recv.spare_capacity_mut()[..share * p];
                     time(reps, || {
-                        pg.all_gather_into(&send, &vec![share; p], &mut recv, "bench")
+                        pg.all_gather_into(&send, &vec![share; p], recv, "bench")
                     })
                 }
                 _ => {
-                    let (send, mut recv) = (vec![0u8; share], vec![0u8; share]);
+                    let (send, mut recv) = (vec![0u8; share], Vec::<u8>::with_capacity(share));
+                    let recv = &mut recv.spare_capacity_mut()[..share];
                     let counts = vec![share / p; p];
                     time(reps, || {
-                        pg.all_to_all_into(&send, &counts, &counts, &mut recv, "bench")
+                        pg.all_to_all_into(&send, &counts, &counts, recv, "bench")
                     })
                 }
             };

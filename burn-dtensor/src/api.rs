@@ -530,14 +530,12 @@ fn gather_shards<P>(
             }
         })
         .collect();
-    let mut received = crate::host::HostBuffer::zeroed(recv_counts.iter().sum(), dtype);
-    group.all_to_all_into(
-        &send,
-        &send_counts,
-        &recv_counts,
-        received.as_bytes_mut(),
-        what,
-    );
+    // SAFETY: the engine writes all of `received` (`ProcessGroup`'s contract).
+    let received = unsafe {
+        crate::host::HostBuffer::received(recv_counts.iter().sum(), dtype, |recv| {
+            group.all_to_all_into(&send, &send_counts, &recv_counts, recv, what)
+        })
+    };
     drop(send);
     drop(host);
     if me != process {

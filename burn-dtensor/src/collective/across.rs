@@ -113,8 +113,12 @@ pub(crate) fn all_reduce<B: Backend, K: Kind<B>>(
     let n = data.bytes().len();
     // The engine reads the shard's bytes (in place on host-memory backends) and writes an
     // aligned buffer that becomes the tensor as it is: no copy around the call.
-    let mut recv = HostBuffer::zeroed(n, work_dtype);
-    pg.all_reduce_into(data.bytes(), recv.as_bytes_mut(), work_dtype, op, &w);
+    // SAFETY: the engine writes all of `recv` (`ProcessGroup`'s contract).
+    let recv = unsafe {
+        HostBuffer::received(n, work_dtype, |recv| {
+            pg.all_reduce_into(data.bytes(), recv, work_dtype, op, &w)
+        })
+    };
     drop(data);
     let out = recv.into_data(shape, work_dtype).convert_dtype(dtype);
     (K::from_data(out, &device), 2 * (p - 1) * n as u64 / p)
@@ -148,15 +152,12 @@ pub(crate) fn reduce_scatter<B: Backend, K: Kind<B>>(
     let (p, me) = (pg.size(), pg.rank());
     let counts: Vec<usize> = (0..p).map(|q| block(n, k, l, q).len() * row).collect();
     let w = what(CollectiveKind::ReduceScatter, topo, axis, global);
-    let mut recv = HostBuffer::zeroed(counts[me], work_dtype);
-    pg.reduce_scatter_into(
-        data.bytes(),
-        &counts,
-        recv.as_bytes_mut(),
-        work_dtype,
-        op,
-        &w,
-    );
+    // SAFETY: the engine writes all of `recv` (`ProcessGroup`'s contract).
+    let recv = unsafe {
+        HostBuffer::received(counts[me], work_dtype, |recv| {
+            pg.reduce_scatter_into(data.bytes(), &counts, recv, work_dtype, op, &w)
+        })
+    };
     drop(data);
     shape[0] = block(n, k, l, me).len();
     let out = K::from_data(
@@ -243,6 +244,11 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
         (rounds > 1).then(|| HostBuffer::zeroed(out_shape.iter().product::<usize>() * es, dtype));
     let mut whole = None;
     let mut received = 0u64;
+    // One member whose parts lie end to end in its buffer (a flattened all-reduce, a
+    // reduce-scatter of a leading dim): its bytes are the send buffer as they are.
+    let as_is = rounds == 1
+        && l == 1
+        && host::consecutive(&shape, &(0..p).map(|q| boxed(q, 0)).collect::<Vec<_>>());
     for r in 0..rounds {
         // Process q's parts: slice r of its range of each member, member-major.
         let mut send = host::scratch(0);
@@ -250,28 +256,36 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
         for q in 0..p {
             let at = send.len();
             let part = boxed(q, r);
+            if as_is {
+                send_counts.push(numel(&part) * es);
+                continue;
+            }
             if rounds == 1 {
                 for d in &hosts {
                     host::append_box(&shape, es, d.bytes(), &part, &mut send);
                 }
             } else if numel(&part) > 0 {
                 for m in &members {
-                    let slice = K::narrow(m.clone(), dim, part[dim].clone());
+                    // A view where the backend's slice would copy (NdArray, a leading dim).
+                    let rows = part[dim].clone();
+                    let slice = (dim == 0)
+                        .then(|| crate::inner::rows_view(m, rows.clone()))
+                        .flatten()
+                        .unwrap_or_else(|| K::narrow(m.clone(), dim, rows));
                     send.extend_from_slice(Outgoing::new::<B, K>(slice).bytes());
                 }
             }
             send_counts.push(send.len() - at);
         }
+        let bytes: &[u8] = if as_is { hosts[0].bytes() } else { &send };
         let mine = boxed(me, r);
         let c = numel(&mine);
-        let mut got = HostBuffer::zeroed(p * l * c * es, dtype);
-        pg.all_to_all_into(
-            &send,
-            &send_counts,
-            &vec![l * c * es; p],
-            got.as_bytes_mut(),
-            w,
-        );
+        // SAFETY: the engine writes all of `got` (`ProcessGroup`'s contract).
+        let got = unsafe {
+            HostBuffer::received(p * l * c * es, dtype, |got| {
+                pg.all_to_all_into(bytes, &send_counts, &vec![l * c * es; p], got, w)
+            })
+        };
         host::return_scratch(send);
         received += ((p - 1) * l * c * es) as u64;
         if c == 0 {
@@ -285,7 +299,11 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
         all_shape[0] *= p * l;
         let all = K::from_data(got.into_data(all_shape, dtype), &device);
         let blocks: Vec<K::P> = (0..p * l)
-            .map(|j| K::narrow(all.clone(), 0, j * rows..(j + 1) * rows))
+            .map(|j| {
+                let r = j * rows..(j + 1) * rows;
+                crate::inner::rows_view(&all, r.clone())
+                    .unwrap_or_else(|| K::narrow(all.clone(), 0, r))
+            })
             .collect();
         drop(all);
         let piece = reduce(&blocks);
@@ -351,8 +369,12 @@ pub(crate) fn all_reduce_ordered<B: Backend, K: Kind<B>>(
     let (mine, got) = reduce_own_block::<B, K>(flat, pg, 0, &part, &w, &reduce);
     let mine = Outgoing::new::<B, K>(mine);
     let counts: Vec<usize> = (0..p).map(|q| part(q).len() * es).collect();
-    let mut all = HostBuffer::zeroed(m * es, dtype);
-    pg.all_gather_into(mine.bytes(), &counts, all.as_bytes_mut(), &w);
+    // SAFETY: the engine writes all of `all` (`ProcessGroup`'s contract).
+    let all = unsafe {
+        HostBuffer::received(m * es, dtype, |all| {
+            pg.all_gather_into(mine.bytes(), &counts, all, &w)
+        })
+    };
     let received = got + (m * es - mine.bytes().len()) as u64;
     drop(mine);
     let out = K::from_data(all.into_data(shape.to_vec(), dtype), &device);
@@ -431,8 +453,12 @@ pub(crate) fn all_to_all<B: Backend, K: Kind<B>>(
         .collect();
     let w = what(CollectiveKind::AllToAll, topo, axis, global);
     let total: usize = recv_counts.iter().sum();
-    let mut got = HostBuffer::zeroed(total, dtype);
-    pg.all_to_all_into(&send, &send_counts, &recv_counts, got.as_bytes_mut(), &w);
+    // SAFETY: the engine writes all of `got` (`ProcessGroup`'s contract).
+    let got = unsafe {
+        HostBuffer::received(total, dtype, |got| {
+            pg.all_to_all_into(&send, &send_counts, &recv_counts, got, &w)
+        })
+    };
     let received = (total - recv_counts[me]) as u64;
     host::return_scratch(send);
     // Blocks that lie end to end (of a leading dim) need no assembly.
@@ -490,8 +516,12 @@ pub(crate) fn all_gather<B: Backend, K: Kind<B>>(
     let w = what(CollectiveKind::AllGather, topo, axis, global);
     let sent = data.bytes().len() as u64;
     let total: usize = counts.iter().sum();
-    let mut all = HostBuffer::zeroed(total, dtype);
-    pg.all_gather_into(data.bytes(), &counts, all.as_bytes_mut(), &w);
+    // SAFETY: the engine writes all of `all` (`ProcessGroup`'s contract).
+    let all = unsafe {
+        HostBuffer::received(total, dtype, |all| {
+            pg.all_gather_into(data.bytes(), &counts, all, &w)
+        })
+    };
     drop(data);
     let boxes: Vec<Vec<Range<usize>>> = blocks
         .iter()

@@ -12,13 +12,15 @@
 //! every call of the process (rsmpi's communicators are not `Send`; the lock is what makes
 //! sharing them sound). MPI is finalised at process exit (`atexit`), as `mpirun` expects.
 
+use std::ffi::c_void;
+use std::mem::MaybeUninit;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use burn::tensor::DType;
 use mpi::Threading;
 use mpi::collective::SystemOperation;
-use mpi::datatype::{Equivalence, Partition, PartitionMut};
+use mpi::datatype::Equivalence;
 use mpi::ffi;
 use mpi::raw::AsRaw;
 use mpi::request::{Request, Scope, scope};
@@ -249,56 +251,63 @@ impl MpiGroup {
     /// [`ProcessGroup::all_reduce`] (`send` `None`: `MPI_IN_PLACE`, which the caller has checked
     /// is known): `MPI_Iallreduce`, or the blocking `MPI_Allreduce` for a large message
     /// ([`LARGE_BYTES`]).
+    ///
+    /// `recv` points to `len` bytes this call writes (all of them).
     fn allreduce_raw(
         &self,
         send: Option<&[u8]>,
-        recv: &mut [u8],
+        (recv, len): (*mut c_void, usize),
         dtype: DType,
         op: ReduceOp,
         what: &str,
     ) {
-        if recv.is_empty() {
+        if len == 0 {
             // Every member has the same (empty) shape: nothing to exchange.
             return;
         }
         let (t, o) = reduction(dtype, op);
-        let n = count(recv.len() / elem_bytes(dtype), what);
+        let n = count(len / elem_bytes(dtype), what);
         let send_ptr = match send {
             Some(s) => s.as_ptr().cast(),
             None => in_place().expect("checked by the caller"),
         };
         let _guard = LOCK.lock().unwrap();
-        if recv.len() >= LARGE_BYTES {
+        if len >= LARGE_BYTES {
             self.arrive(what);
             // SAFETY: `send` (or `recv` itself, in place) and `recv` hold `n` elements of `t`;
             // the call is blocking.
-            unsafe {
-                ffi::MPI_Allreduce(
-                    send_ptr,
-                    recv.as_mut_ptr().cast(),
-                    n,
-                    t,
-                    o,
-                    self.comm.0.as_raw(),
-                )
-            };
+            unsafe { ffi::MPI_Allreduce(send_ptr, recv, n, t, o, self.comm.0.as_raw()) };
             return;
         }
         let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
         // SAFETY: `send` (or `recv` itself) and `recv` hold `n` elements of `t` and outlive the
         // wait below.
-        unsafe {
-            ffi::MPI_Iallreduce(
-                send_ptr,
-                recv.as_mut_ptr().cast(),
-                n,
-                t,
-                o,
-                self.comm.0.as_raw(),
-                &mut req,
-            )
-        };
-        wait_raw(req, recv.len(), what, &self.world_ranks);
+        unsafe { ffi::MPI_Iallreduce(send_ptr, recv, n, t, o, self.comm.0.as_raw(), &mut req) };
+        wait_raw(req, len, what, &self.world_ranks);
+    }
+}
+
+/// The byte datatype of the collectives that move bytes.
+fn bytes_type() -> ffi::MPI_Datatype {
+    u8::equivalent_datatype().as_raw()
+}
+
+/// Byte counts as MPI's `int`s.
+///
+/// # Panics
+/// Past `i32::MAX` bytes (MPI's count), naming `what`.
+fn byte_counts(counts: &[usize], what: &str) -> Vec<i32> {
+    counts.iter().map(|&n| count(n, what)).collect()
+}
+
+/// A pointer to `len` bytes for MPI, never dangling: an empty slice's pointer is 0x1, which
+/// Open MPI reads as `MPI_IN_PLACE` (an all-gather of nothing is the barrier of `spmd`), so an
+/// empty buffer points to `spare` instead.
+fn never_dangling<T>(ptr: *const T, len: usize, spare: &mut [u8; 8]) -> *mut c_void {
+    if len == 0 {
+        spare.as_mut_ptr().cast()
+    } else {
+        ptr as *mut c_void
     }
 }
 
@@ -330,7 +339,9 @@ fn in_place() -> Option<*const std::ffi::c_void> {
     v.map(|v| v as *const std::ffi::c_void)
 }
 
-impl ProcessGroup for MpiGroup {
+// SAFETY: every method given a `recv` returns after MPI wrote all of it (the counts are
+// checked against its length first), or never (the fault policy ends the process).
+unsafe impl ProcessGroup for MpiGroup {
     fn rank(&self) -> usize {
         self.rank
     }
@@ -375,23 +386,35 @@ impl ProcessGroup for MpiGroup {
     fn all_reduce_into(
         &self,
         send: &[u8],
-        recv: &mut [u8],
+        recv: &mut [MaybeUninit<u8>],
         dtype: DType,
         op: ReduceOp,
         what: &str,
     ) {
         assert_eq!(send.len(), recv.len(), "burn-dtensor: all-reduce buffers");
-        self.allreduce_raw(Some(send), recv, dtype, op, what);
+        self.allreduce_raw(
+            Some(send),
+            (recv.as_mut_ptr().cast(), recv.len()),
+            dtype,
+            op,
+            what,
+        );
     }
     /// In `buf` itself, with `MPI_IN_PLACE` where the MPI library's value of it is known
     /// ([`in_place`]; else the provided copy of `buf` as the input): no second buffer of the
     /// message's size, so no fresh pages to fault in.
     fn all_reduce(&self, buf: &mut [u8], dtype: DType, op: ReduceOp, what: &str) {
         if in_place().is_some() {
-            self.allreduce_raw(None, buf, dtype, op, what);
+            self.allreduce_raw(None, (buf.as_mut_ptr().cast(), buf.len()), dtype, op, what);
         } else {
             let send = buf.to_vec();
-            self.all_reduce_into(&send, buf, dtype, op, what);
+            self.allreduce_raw(
+                Some(&send),
+                (buf.as_mut_ptr().cast(), buf.len()),
+                dtype,
+                op,
+                what,
+            );
         }
     }
     /// `MPI_Ireduce_scatter` from `send` into `recv`, both the caller's bytes.
@@ -399,7 +422,7 @@ impl ProcessGroup for MpiGroup {
         &self,
         send: &[u8],
         recv_counts: &[usize],
-        recv: &mut [u8],
+        recv: &mut [MaybeUninit<u8>],
         dtype: DType,
         op: ReduceOp,
         what: &str,
@@ -425,14 +448,10 @@ impl ProcessGroup for MpiGroup {
         }
         let (t, o) = reduction(dtype, op);
         let counts: Vec<i32> = recv_counts.iter().map(|&c| count(c / es, what)).collect();
-        // Never a dangling pointer (see `all_gather_into`): one spare element where this
-        // member receives nothing.
+        // Never a dangling pointer ([`never_dangling`]): one spare element where this member
+        // receives nothing.
         let mut spare = [0u8; 8];
-        let recv = if recv.is_empty() {
-            &mut spare[..0]
-        } else {
-            recv
-        };
+        let recv = never_dangling(recv.as_ptr(), recv.len(), &mut spare);
         let _guard = LOCK.lock().unwrap();
         let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
         // SAFETY: `send` holds the sum of `counts` elements of `t`, `recv` this member's count;
@@ -440,7 +459,7 @@ impl ProcessGroup for MpiGroup {
         unsafe {
             ffi::MPI_Ireduce_scatter(
                 send.as_ptr().cast(),
-                recv.as_mut_ptr().cast(),
+                recv,
                 counts.as_ptr(),
                 t,
                 o,
@@ -450,39 +469,71 @@ impl ProcessGroup for MpiGroup {
         };
         wait_raw(req, send.len(), what, &self.world_ranks);
     }
-    fn all_gather_into(&self, send: &[u8], counts: &[usize], recv: &mut [u8], what: &str) {
-        let _guard = LOCK.lock().unwrap();
+    /// `MPI_Iallgatherv`, or the blocking `MPI_Allgatherv` for a large message
+    /// ([`LARGE_BYTES`]), into `recv` as the caller allocated it.
+    fn all_gather_into(
+        &self,
+        send: &[u8],
+        counts: &[usize],
+        recv: &mut [MaybeUninit<u8>],
+        what: &str,
+    ) {
         let total: usize = counts.iter().sum();
         assert_eq!(recv.len(), total, "burn-dtensor: all-gather receive buffer");
-        // Never a dangling pointer: an empty slice's is 0x1, which OpenMPI reads as MPI_IN_PLACE
-        // (an all-gather of nothing is the barrier of `spmd`).
-        let mut spare = [0u8; 1];
-        let recv = if recv.is_empty() {
-            &mut spare[..0]
-        } else {
-            recv
-        };
-        let one = [0u8; 1];
-        let send = if send.is_empty() { &one[..0] } else { send };
-        let c: Vec<i32> = counts.iter().map(|&n| n as i32).collect();
-        let d = displacements(counts);
+        assert_eq!(
+            counts.len(),
+            self.size,
+            "burn-dtensor: all-gather counts (one per member)"
+        );
+        assert_eq!(
+            send.len(),
+            counts[self.rank],
+            "burn-dtensor: all-gather input (this member's count)"
+        );
         assert!(
             total <= i32::MAX as usize,
             "burn-dtensor: a cross-process all-gather of {total} bytes exceeds MPI's 2 GiB count"
         );
-        let mut part = PartitionMut::new(recv, c, d);
+        let (mut spare_r, mut spare_s) = ([0u8; 8], [0u8; 8]);
+        let recv = never_dangling(recv.as_ptr(), total, &mut spare_r);
+        let send_ptr = never_dangling(send.as_ptr(), send.len(), &mut spare_s);
+        let (c, d) = (byte_counts(counts, what), displacements(counts));
+        let (t, comm) = (bytes_type(), self.comm.0.as_raw());
+        let _guard = LOCK.lock().unwrap();
         if total >= LARGE_BYTES {
             self.arrive(what);
-            self.comm.0.all_gather_varcount_into(send, &mut part);
+            // SAFETY: `send` holds this member's count of bytes, `recv` the sum of `counts` at
+            // the displacements `d`; the call is blocking.
+            unsafe {
+                ffi::MPI_Allgatherv(
+                    send_ptr,
+                    c[self.rank],
+                    t,
+                    recv,
+                    c.as_ptr(),
+                    d.as_ptr(),
+                    t,
+                    comm,
+                )
+            };
             return;
         }
-        scope(|s| {
-            let req = self
-                .comm
-                .0
-                .immediate_all_gather_varcount_into(s, send, &mut part);
-            wait(req, total, what, &self.world_ranks);
-        });
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: as above; `send`, `recv`, `c` and `d` outlive the wait below.
+        unsafe {
+            ffi::MPI_Iallgatherv(
+                send_ptr,
+                c[self.rank],
+                t,
+                recv,
+                c.as_ptr(),
+                d.as_ptr(),
+                t,
+                comm,
+                &mut req,
+            )
+        };
+        wait_raw(req, total, what, &self.world_ranks);
     }
     fn abort(&self, code: i32) -> ! {
         // No lock: the thread that holds it may be this one (a timed-out wait), and an abort
@@ -493,48 +544,57 @@ impl ProcessGroup for MpiGroup {
         }
         std::process::abort()
     }
-    /// `MPI_Ialltoallv`, waited on against the collective timeout.
+    /// `MPI_Ialltoallv`, waited on against the collective timeout, into `recv` as the caller
+    /// allocated it.
     fn all_to_all_into(
         &self,
         send: &[u8],
         send_counts: &[usize],
         recv_counts: &[usize],
-        recv: &mut [u8],
+        recv: &mut [MaybeUninit<u8>],
         what: &str,
     ) {
-        let _guard = LOCK.lock().unwrap();
         let total: usize = recv_counts.iter().sum();
         assert_eq!(recv.len(), total, "burn-dtensor: all-to-all receive buffer");
+        assert_eq!(
+            send.len(),
+            send_counts.iter().sum::<usize>(),
+            "burn-dtensor: all-to-all input"
+        );
+        assert!(
+            send_counts.len() == self.size && recv_counts.len() == self.size,
+            "burn-dtensor: all-to-all counts (one per member)"
+        );
         assert!(
             total <= i32::MAX as usize && send.len() <= i32::MAX as usize,
             "burn-dtensor: a cross-process all-to-all of {} bytes exceeds MPI's 2 GiB count",
             total.max(send.len())
         );
-        // Never a dangling pointer (see `all_gather_into`): one spare byte where a side is empty.
-        let mut spare = [0u8; 1];
-        let recv = if recv.is_empty() {
-            &mut spare[..0]
-        } else {
-            recv
+        let (mut spare_r, mut spare_s) = ([0u8; 8], [0u8; 8]);
+        let recv = never_dangling(recv.as_ptr(), total, &mut spare_r);
+        let send_ptr = never_dangling(send.as_ptr(), send.len(), &mut spare_s);
+        let (sc, sd) = (byte_counts(send_counts, what), displacements(send_counts));
+        let (rc, rd) = (byte_counts(recv_counts, what), displacements(recv_counts));
+        let t = bytes_type();
+        let _guard = LOCK.lock().unwrap();
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: `send` holds the sum of `sc` bytes at `sd`, `recv` the sum of `rc` at `rd`;
+        // every buffer outlives the wait below.
+        unsafe {
+            ffi::MPI_Ialltoallv(
+                send_ptr,
+                sc.as_ptr(),
+                sd.as_ptr(),
+                t,
+                recv,
+                rc.as_ptr(),
+                rd.as_ptr(),
+                t,
+                self.comm.0.as_raw(),
+                &mut req,
+            )
         };
-        let mut sbuf = Vec::new();
-        let send = if send.is_empty() {
-            sbuf.push(0u8);
-            &sbuf[..]
-        } else {
-            send
-        };
-        let sc: Vec<i32> = send_counts.iter().map(|&n| n as i32).collect();
-        let rc: Vec<i32> = recv_counts.iter().map(|&n| n as i32).collect();
-        let part = Partition::new(send, sc, displacements(send_counts));
-        let mut rpart = PartitionMut::new(recv, rc, displacements(recv_counts));
-        scope(|s| {
-            let req = self
-                .comm
-                .0
-                .immediate_all_to_all_varcount_into(s, &part, &mut rpart);
-            wait(req, total.max(send.len()), what, &self.world_ranks);
-        });
+        wait_raw(req, total.max(send.len()), what, &self.world_ranks);
     }
     fn broadcast(&self, buf: &mut [u8], root: usize, what: &str) {
         if buf.is_empty() {

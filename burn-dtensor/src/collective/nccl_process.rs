@@ -24,6 +24,7 @@
 
 use std::any::Any;
 use std::ffi::c_void;
+use std::mem::MaybeUninit;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,7 +32,7 @@ use burn::tensor::DType;
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 use cudarc::nccl::{result as nccl, sys};
 
-use super::interface::{ProcessGroup, ReduceOp};
+use super::interface::{ProcessGroup, ReduceOp, write_bytes};
 use crate::config::config;
 use crate::error::{DTensorError, Result};
 use crate::fault::collective_failed;
@@ -177,7 +178,9 @@ fn check(r: std::result::Result<nccl::NcclStatus, nccl::NcclError>, what: &str) 
     }
 }
 
-impl ProcessGroup for NcclGroup {
+// SAFETY: every method given a `recv` writes all of it before returning (a copy of the whole
+// input, or of every member's part, whose counts sum to its length), or panics.
+unsafe impl ProcessGroup for NcclGroup {
     fn rank(&self) -> usize {
         self.bootstrap.rank()
     }
@@ -201,12 +204,14 @@ impl ProcessGroup for NcclGroup {
     fn all_reduce_into(
         &self,
         send: &[u8],
-        recv: &mut [u8],
+        recv: &mut [MaybeUninit<u8>],
         dtype: DType,
         op: ReduceOp,
         what: &str,
     ) {
-        recv.copy_from_slice(send);
+        write_bytes(recv, send);
+        // SAFETY: `write_bytes` initialised every byte of `recv`.
+        let recv = unsafe { &mut *(recv as *mut [MaybeUninit<u8>] as *mut [u8]) };
         self.all_reduce(recv, dtype, op, what);
     }
     fn all_reduce(&self, buf: &mut [u8], dtype: DType, op: ReduceOp, what: &str) {
@@ -229,7 +234,18 @@ impl ProcessGroup for NcclGroup {
             )
         });
     }
-    fn all_gather_into(&self, send: &[u8], counts: &[usize], recv: &mut [u8], what: &str) {
+    fn all_gather_into(
+        &self,
+        send: &[u8],
+        counts: &[usize],
+        recv: &mut [MaybeUninit<u8>],
+        what: &str,
+    ) {
+        assert_eq!(
+            recv.len(),
+            counts.iter().sum::<usize>(),
+            "burn-dtensor: all-gather receive buffer"
+        );
         let _guard = self.lock.lock().unwrap();
         let n = self.size();
         let max = counts.iter().copied().max().unwrap_or(0);
@@ -273,7 +289,7 @@ impl ProcessGroup for NcclGroup {
         self.wait(what);
         let mut at = 0;
         for (r, &c) in counts.iter().enumerate() {
-            recv[at..at + c].copy_from_slice(&all[r * max..r * max + c]);
+            write_bytes(&mut recv[at..at + c], &all[r * max..r * max + c]);
             at += c;
         }
     }
