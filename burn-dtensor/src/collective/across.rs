@@ -431,15 +431,23 @@ pub(crate) fn all_to_all<B: Backend, K: Kind<B>>(
             .map(|i| if i == d { r.clone() } else { 0..base[i] })
             .collect()
     };
-    let mut send = host::scratch(data.bytes().len());
-    let mut send_counts = Vec::with_capacity(p);
-    for q in 0..p {
-        let at = send.len();
-        let part = with(&shape, to_dim, block(n_to, k, l, q));
-        host::append_box(&shape, es, data.bytes(), &part, &mut send);
-        send_counts.push(send.len() - at);
+    let parts: Vec<Vec<Range<usize>>> = (0..p)
+        .map(|q| with(&shape, to_dim, block(n_to, k, l, q)))
+        .collect();
+    let send_counts: Vec<usize> = parts
+        .iter()
+        .map(|b| b.iter().map(|r| r.len()).product::<usize>() * es)
+        .collect();
+    // Parts that lie end to end in the shard (blocks of a leading dim) are sent from its bytes
+    // as they are; others are assembled back to back first.
+    let as_is = host::consecutive(&shape, &parts);
+    let mut send = host::scratch(if as_is { 0 } else { data.bytes().len() });
+    if !as_is {
+        for part in &parts {
+            host::append_box(&shape, es, data.bytes(), part, &mut send);
+        }
     }
-    drop(data);
+    let bytes: &[u8] = if as_is { data.bytes() } else { &send };
     // Process q's block of `from_dim`, this process's block of `to_dim`.
     let mut out_shape = shape.clone();
     out_shape[from_dim] = n_from;
@@ -456,9 +464,10 @@ pub(crate) fn all_to_all<B: Backend, K: Kind<B>>(
     // SAFETY: the engine writes all of `got` (`ProcessGroup`'s contract).
     let got = unsafe {
         HostBuffer::received(total, dtype, |got| {
-            pg.all_to_all_into(&send, &send_counts, &recv_counts, got, &w)
+            pg.all_to_all_into(bytes, &send_counts, &recv_counts, got, &w)
         })
     };
+    drop(data);
     let received = (total - recv_counts[me]) as u64;
     host::return_scratch(send);
     // Blocks that lie end to end (of a leading dim) need no assembly.
