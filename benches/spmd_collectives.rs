@@ -14,6 +14,12 @@
 //!   `MPI_Alltoall`): the reference of issue 22. The last column is its time over this line's
 //!   (1.0 = the direct call's throughput).
 //!
+//! Each `dtensor` repetition makes its input just before the clock starts (warm, as a step's
+//! freshly computed tensor) and lines the ranks up with an untimed barrier, so that no rank's
+//! clock counts a peer still making its input. `SPMD_BENCH_ONLY=<collective>`,
+//! `SPMD_BENCH_SIDE=<n>` and `SPMD_BENCH_REPS=<n>` select one case and its repetitions (for a
+//! profiler).
+//!
 //! Bandwidth is NCCL's convention: algbw = global bytes / time; busbw = algbw x 2(p-1)/p for
 //! all-reduce, x (p-1)/p for all-gather, reduce-scatter and all-to-all. Fixed iteration counts
 //! (every process must run the same collectives: criterion's adaptive sampling would not), the
