@@ -259,6 +259,31 @@ pub fn append_box(
     debug_assert_eq!(out.len(), at + n * elem);
 }
 
+/// [`append_box`] into memory not yet written: box `ranges` of the row-major tensor of `shape`
+/// (`elem` bytes per element) in `src`, copied in the box's row-major order into `out`, which
+/// holds exactly the box. Every byte of `out` is written.
+///
+/// # Panics
+/// When `out` is not the box's size.
+pub fn read_box_into(
+    shape: &[usize],
+    elem: usize,
+    src: &[u8],
+    ranges: &[Range<usize>],
+    out: &mut [MaybeUninit<u8>],
+) {
+    let n: usize = ranges.iter().map(|r| r.len()).product();
+    assert_eq!(out.len(), n * elem, "burn-dtensor: a box's destination");
+    for_each_run(shape, ranges, |s, d, n| {
+        let (from, to) = (
+            &src[s * elem..(s + n) * elem],
+            &mut out[d * elem..(d + n) * elem],
+        );
+        // SAFETY: both hold `n * elem` bytes and cannot overlap (`out` is borrowed mutably).
+        unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), to.as_mut_ptr().cast(), from.len()) };
+    });
+}
+
 /// The runs of the row-major tensor of `shape` permuted by `order` (output dim `i` is input
 /// dim `order[i]`): `f(start, len)` in elements of the input, in the output's row-major order,
 /// one call per run of the trailing dims that keep their place, so a copy by runs goes at
@@ -503,5 +528,43 @@ mod tests {
             &[4, 3],
             &[vec![2..4, 0..3], vec![0..2, 0..3]]
         ));
+    }
+
+    /// A box read into memory not yet written equals the hand-listed elements of the box (and
+    /// `append_box`'s bytes), for a column block, a row block, an inner block of a rank-3
+    /// tensor, a scalar and an empty box.
+    #[test]
+    fn read_box_into_writes_the_box_row_major() {
+        use std::mem::MaybeUninit;
+        let read = |shape: &[usize], src: &[f32], ranges: &[std::ops::Range<usize>]| {
+            let n: usize = ranges.iter().map(|r| r.len()).product();
+            let bytes: &[u8] = bytemuck::cast_slice(src);
+            let mut out = vec![MaybeUninit::<u8>::uninit(); n * 4];
+            super::read_box_into(shape, 4, bytes, ranges, &mut out);
+            // SAFETY: `read_box_into` writes every byte of `out`.
+            let got: Vec<u8> = out.iter().map(|b| unsafe { b.assume_init() }).collect();
+            let mut packed = Vec::new();
+            super::append_box(shape, 4, bytes, ranges, &mut packed);
+            assert_eq!(got, packed);
+            got.chunks(4)
+                .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
+                .collect::<Vec<f32>>()
+        };
+        let g: Vec<f32> = (0..12).map(|v| v as f32).collect();
+        assert_eq!(
+            read(&[4, 3], &g, &[0..4, 1..3]),
+            vec![1., 2., 4., 5., 7., 8., 10., 11.]
+        );
+        assert_eq!(
+            read(&[4, 3], &g, &[2..4, 0..3]),
+            vec![6., 7., 8., 9., 10., 11.]
+        );
+        let c: Vec<f32> = (0..24).map(|v| v as f32).collect();
+        assert_eq!(
+            read(&[2, 3, 4], &c, &[1..2, 1..3, 2..4]),
+            vec![18., 19., 22., 23.]
+        );
+        assert_eq!(read(&[], &[7.0], &[]), vec![7.0]);
+        assert_eq!(read(&[4, 3], &g, &[1..1, 0..3]), Vec::<f32>::new());
     }
 }

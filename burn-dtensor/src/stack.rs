@@ -175,8 +175,17 @@ pub(crate) fn representative(layout: &Layout, i: usize) -> usize {
 /// `layout` (it is its own [`representative`]: this process's first coordinate on every axis the
 /// layout does not use). The representatives in row-major order are the stacked primitive's
 /// shards, in its order; in one process one per chunk of the global tensor.
-pub(crate) fn is_representative(layout: &Layout, i: usize) -> bool {
+fn is_representative(layout: &Layout, i: usize) -> bool {
     representative(layout, i) == i
+}
+
+/// This process's positions that hold distinct shards under `layout` ([`is_representative`]),
+/// as `(local index, global flat index)` pairs in row-major order: the members of the stacked
+/// primitive, in its order.
+pub(crate) fn local_representatives(layout: &Layout) -> impl Iterator<Item = (usize, usize)> + '_ {
+    (0..layout.mesh.local_size())
+        .map(|j| (j, layout.mesh.global(j)))
+        .filter(|&(_, i)| is_representative(layout, i))
 }
 
 /// Puts a per-device tensor in stacked form (a no-op when it already is): the representative
@@ -195,12 +204,9 @@ pub fn to_stacked<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> {
         t.shape
     );
     let target = stack_shape(&t.layout, &t.shape);
-    let reps: Vec<K::P> = t
-        .per_device()
-        .iter()
-        .enumerate()
-        .filter(|(j, _)| is_representative(&t.layout, t.layout.mesh.global(*j)))
-        .map(|(_, p)| p.clone())
+    let per = t.per_device();
+    let reps: Vec<K::P> = local_representatives(&t.layout)
+        .map(|(j, _)| per[j].clone())
         .collect();
     let stack = if reps.len() == 1 {
         K::reshape(reps.into_iter().next().expect("one shard"), target.into())

@@ -12,8 +12,7 @@ use std::sync::Arc;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape, TensorData, TensorMetadata};
 
-use super::interface::ProcessGroup;
-use super::interface::ReduceOp;
+use super::interface::{ProcessGroup, ReduceOp, offsets};
 use crate::comm::CollectiveKind;
 use crate::host::{self, HostBuffer};
 use crate::mesh::MeshTopology;
@@ -226,7 +225,7 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
     };
     let numel = |b: &[Range<usize>]| b.iter().map(|r| r.len()).product::<usize>();
     // One round: each member downloaded once, whole, and cut on the host.
-    let hosts: Vec<Outgoing<K::P>> = if rounds == 1 {
+    let mut hosts: Vec<Outgoing<K::P>> = if rounds == 1 {
         members.drain(..).map(Outgoing::new::<B, K>).collect()
     } else {
         Vec::new()
@@ -244,20 +243,31 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
         (rounds > 1).then(|| HostBuffer::zeroed(out_shape.iter().product::<usize>() * es, dtype));
     let mut whole = None;
     let mut received = 0u64;
-    // One member whose parts lie end to end in its buffer (a flattened all-reduce, a
-    // reduce-scatter of a leading dim): its bytes are the send buffer as they are.
-    let as_is = rounds == 1
-        && l == 1
-        && host::consecutive(&shape, &(0..p).map(|q| boxed(q, 0)).collect::<Vec<_>>());
+    // One member, cut along a dim that only size-1 dims precede (the flattened all-reduce, a
+    // reduce-scatter of dim 0): every process's slice of every round is one run of the
+    // member's bytes, sent from where it lies (the engine takes each part's offset) instead of
+    // packed into a send buffer. Taken for several rounds only where the bytes are read in place
+    // (a download of the whole member would undo the rounds' bounded memory).
+    let run = shape[dim + 1..].iter().product::<usize>() * es;
+    let in_place = l == 1
+        && shape[..dim].iter().all(|&n| n == 1)
+        && (rounds == 1 || crate::inner::host_bytes(&members[0]).is_some());
+    let source: Option<Outgoing<K::P>> = match (in_place, rounds) {
+        (false, _) => None,
+        (true, 1) => (!hosts.is_empty()).then(|| hosts.remove(0)),
+        (true, _) => Some(Outgoing::new::<B, K>(members[0].clone())),
+    };
     for r in 0..rounds {
         // Process q's parts: slice r of its range of each member, member-major.
         let mut send = host::scratch(0);
         let mut send_counts = Vec::with_capacity(p);
+        let mut send_at = Vec::with_capacity(p);
         for q in 0..p {
             let at = send.len();
             let part = boxed(q, r);
-            if as_is {
+            if source.is_some() {
                 send_counts.push(numel(&part) * es);
+                send_at.push(part[dim].start * run);
                 continue;
             }
             if rounds == 1 {
@@ -276,14 +286,27 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
                 }
             }
             send_counts.push(send.len() - at);
+            send_at.push(at);
         }
-        let bytes: &[u8] = if as_is { hosts[0].bytes() } else { &send };
+        let bytes: &[u8] = match &source {
+            Some(src) => src.bytes(),
+            None => &send,
+        };
         let mine = boxed(me, r);
         let c = numel(&mine);
-        // SAFETY: the engine writes all of `got` (`ProcessGroup`'s contract).
+        let recv_counts = vec![l * c * es; p];
+        let recv_at = offsets(&recv_counts);
+        // SAFETY: the parts at `recv_at` tile `got`; the engine writes all of them
+        // (`ProcessGroup`'s contract).
         let got = unsafe {
             HostBuffer::received(p * l * c * es, dtype, |got| {
-                pg.all_to_all_into(bytes, &send_counts, &vec![l * c * es; p], got, w)
+                pg.all_to_all_placed(
+                    bytes,
+                    (&send_counts, &send_at),
+                    got,
+                    (&recv_counts, &recv_at),
+                    w,
+                )
             })
         };
         host::return_scratch(send);
@@ -322,7 +345,7 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
             None => whole = Some(piece),
         }
     }
-    drop((hosts, members));
+    drop((source, hosts, members));
     let out = match (out, whole) {
         (_, Some(whole)) => whole,
         (Some(out), None) => K::from_data(out.into_data(out_shape, dtype), &device),
@@ -438,15 +461,24 @@ pub(crate) fn all_to_all<B: Backend, K: Kind<B>>(
         .iter()
         .map(|b| b.iter().map(|r| r.len()).product::<usize>() * es)
         .collect();
-    // Parts that lie end to end in the shard (blocks of a leading dim) are sent from its bytes
-    // as they are; others are assembled back to back first.
+    // This process's own part never goes through the engine: it is copied from the shard
+    // straight into its place in the receive buffer (below), one copy where packing it and the
+    // engine's local copy made two. The other parts are sent from the shard's bytes where they
+    // lie end to end in it (blocks of a leading dim), else packed back to back first.
     let as_is = host::consecutive(&shape, &parts);
-    let mut send = host::scratch(if as_is { 0 } else { data.bytes().len() });
-    if !as_is {
-        for part in &parts {
-            host::append_box(&shape, es, data.bytes(), part, &mut send);
+    let mut send = host::scratch(0);
+    let send_at = if as_is {
+        offsets(&send_counts)
+    } else {
+        let mut at = vec![0; p];
+        for (q, part) in parts.iter().enumerate() {
+            at[q] = send.len();
+            if q != me {
+                host::append_box(&shape, es, data.bytes(), part, &mut send);
+            }
         }
-    }
+        at
+    };
     let bytes: &[u8] = if as_is { data.bytes() } else { &send };
     // Process q's block of `from_dim`, this process's block of `to_dim`.
     let mut out_shape = shape.clone();
@@ -459,12 +491,27 @@ pub(crate) fn all_to_all<B: Backend, K: Kind<B>>(
         .iter()
         .map(|b| b.iter().map(|r| r.len()).product::<usize>() * es)
         .collect();
+    let recv_at = offsets(&recv_counts);
     let w = what(CollectiveKind::AllToAll, topo, axis, global);
     let total: usize = recv_counts.iter().sum();
-    // SAFETY: the engine writes all of `got` (`ProcessGroup`'s contract).
+    let others = |counts: &[usize]| -> Vec<usize> {
+        let mut c = counts.to_vec();
+        c[me] = 0;
+        c
+    };
+    let mine = recv_at[me]..recv_at[me] + recv_counts[me];
+    // SAFETY: the parts at `recv_at` tile the buffer; the own part is written by
+    // `read_box_into` (all of it), every other part by the engine (`ProcessGroup`'s contract).
     let got = unsafe {
         HostBuffer::received(total, dtype, |got| {
-            pg.all_to_all_into(bytes, &send_counts, &recv_counts, got, &w)
+            host::read_box_into(&shape, es, data.bytes(), &parts[me], &mut got[mine]);
+            pg.all_to_all_placed(
+                bytes,
+                (&others(&send_counts), &send_at),
+                got,
+                (&others(&recv_counts), &recv_at),
+                &w,
+            )
         })
     };
     drop(data);

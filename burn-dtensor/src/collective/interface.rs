@@ -57,6 +57,36 @@ pub(crate) fn write_bytes(dst: &mut [MaybeUninit<u8>], src: &[u8]) {
     }
 }
 
+/// The offsets of parts of `counts` bytes laid back to back.
+pub(crate) fn offsets(counts: &[usize]) -> Vec<usize> {
+    counts
+        .iter()
+        .scan(0, |at, &n| {
+            let here = *at;
+            *at += n;
+            Some(here)
+        })
+        .collect()
+}
+
+/// Checks that parts `(counts, offsets)` (one per member) lie inside a buffer of `len` bytes.
+///
+/// # Panics
+/// When one does not, or the two lists differ in length, naming `what`.
+pub(crate) fn check_parts(len: usize, (counts, offsets): (&[usize], &[usize]), what: &str) {
+    assert_eq!(
+        counts.len(),
+        offsets.len(),
+        "burn-dtensor: {what}: one offset per part"
+    );
+    for (&c, &at) in counts.iter().zip(offsets) {
+        assert!(
+            at.checked_add(c).is_some_and(|end| end <= len),
+            "burn-dtensor: {what}: a part of {c} bytes at {at} lies outside a buffer of {len}"
+        );
+    }
+}
+
 /// A byte vector of length `n` filled by `fill`, which must initialise every byte of the slice it
 /// is given (a [`ProcessGroup`] method's `recv`: its safety contract).
 fn filled(n: usize, fill: impl FnOnce(&mut [MaybeUninit<u8>])) -> Vec<u8> {
@@ -82,7 +112,9 @@ fn filled(n: usize, fill: impl FnOnce(&mut [MaybeUninit<u8>])) -> Vec<u8> {
 ///
 /// # Safety
 /// Every method that is given a `recv` writes every byte of it before it returns (it returns
-/// only on success): callers read `recv` as initialised bytes afterwards.
+/// only on success): callers read `recv` as initialised bytes afterwards. The one exception is
+/// [`ProcessGroup::all_to_all_placed`], which writes every byte of the parts it is given and
+/// leaves the rest to its caller.
 pub unsafe trait ProcessGroup: Send + Sync {
     /// This process's rank in the group (`0..size`).
     fn rank(&self) -> usize;
@@ -192,6 +224,43 @@ pub unsafe trait ProcessGroup: Send + Sync {
             base += totals[q];
         }
         assert_eq!(at, recv.len(), "burn-dtensor: all-to-all receive buffer");
+    }
+    /// [`ProcessGroup::all_to_all_into`] with the parts where the caller puts them: the part
+    /// for member `r` is the `send_parts.0[r]` bytes of `send` at offset `send_parts.1[r]`; the
+    /// part from member `q` (`recv_parts.0[q]` bytes) is written at offset `recv_parts.1[q]` of
+    /// `recv`. The parts of `recv` must not overlap; bytes of `recv` outside them are left as
+    /// they are, for the caller to write (this member's own part, copied there straight from
+    /// its source instead of through the engine: an all-to-all that rearranges a shard packs
+    /// the parts it sends, and the engine's copy of the own part would be a second copy).
+    ///
+    /// # Panics
+    /// When a part lies outside its buffer.
+    ///
+    /// The default packs the send parts back to back, calls
+    /// [`ProcessGroup::all_to_all_into`] and places the received parts; MPI's `MPI_Ialltoallv`
+    /// takes the displacements itself.
+    fn all_to_all_placed(
+        &self,
+        send: &[u8],
+        send_parts: (&[usize], &[usize]),
+        recv: &mut [MaybeUninit<u8>],
+        recv_parts: (&[usize], &[usize]),
+        what: &str,
+    ) {
+        check_parts(send.len(), send_parts, what);
+        check_parts(recv.len(), recv_parts, what);
+        let mut packed = Vec::with_capacity(send_parts.0.iter().sum());
+        for (&c, &at) in send_parts.0.iter().zip(send_parts.1) {
+            packed.extend_from_slice(&send[at..at + c]);
+        }
+        let got = filled(recv_parts.0.iter().sum(), |got| {
+            self.all_to_all_into(&packed, send_parts.0, recv_parts.0, got, what)
+        });
+        let mut from = 0;
+        for (&c, &at) in recv_parts.0.iter().zip(recv_parts.1) {
+            write_bytes(&mut recv[at..at + c], &got[from..from + c]);
+            from += c;
+        }
     }
     /// [`ProcessGroup::all_to_all_into`] into a new byte buffer.
     fn all_to_all(

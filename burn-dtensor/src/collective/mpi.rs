@@ -27,7 +27,7 @@ use mpi::request::{Request, Scope, scope};
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
 
-use super::interface::{ProcessGroup, ReduceOp};
+use super::interface::{ProcessGroup, ReduceOp, check_parts, offsets};
 use crate::config::config;
 use crate::error::{DTensorError, Result};
 use crate::fault::collective_failed;
@@ -224,18 +224,6 @@ fn count(n: usize, what: &str) -> i32 {
     })
 }
 
-/// The offsets of parts of `counts` bytes laid back to back (MPI's `displs`).
-fn displacements(counts: &[usize]) -> Vec<i32> {
-    counts
-        .iter()
-        .scan(0i32, |at, &n| {
-            let here = *at;
-            *at += n as i32;
-            Some(here)
-        })
-        .collect()
-}
-
 impl MpiGroup {
     /// Waits, against the collective timeout, until every member has reached this collective
     /// (`MPI_Ibarrier`, polled): the check before a blocking call on a large message, so that
@@ -340,7 +328,8 @@ fn in_place() -> Option<*const std::ffi::c_void> {
 }
 
 // SAFETY: every method given a `recv` returns after MPI wrote all of it (the counts are
-// checked against its length first), or never (the fault policy ends the process).
+// checked against its length first; `all_to_all_placed`: all of its parts, checked to lie
+// inside it), or never (the fault policy ends the process).
 unsafe impl ProcessGroup for MpiGroup {
     fn rank(&self) -> usize {
         self.rank
@@ -497,7 +486,10 @@ unsafe impl ProcessGroup for MpiGroup {
         let (mut spare_r, mut spare_s) = ([0u8; 8], [0u8; 8]);
         let recv = never_dangling(recv.as_ptr(), total, &mut spare_r);
         let send_ptr = never_dangling(send.as_ptr(), send.len(), &mut spare_s);
-        let (c, d) = (byte_counts(counts, what), displacements(counts));
+        let (c, d) = (
+            byte_counts(counts, what),
+            byte_counts(&offsets(counts), what),
+        );
         let (t, comm) = (bytes_type(), self.comm.0.as_raw());
         let _guard = LOCK.lock().unwrap();
         if total >= LARGE_BYTES {
@@ -544,8 +536,7 @@ unsafe impl ProcessGroup for MpiGroup {
         }
         std::process::abort()
     }
-    /// `MPI_Ialltoallv`, waited on against the collective timeout, into `recv` as the caller
-    /// allocated it.
+    /// `MPI_Ialltoallv` ([`ProcessGroup::all_to_all_placed`] with the parts back to back).
     fn all_to_all_into(
         &self,
         send: &[u8],
@@ -554,39 +545,70 @@ unsafe impl ProcessGroup for MpiGroup {
         recv: &mut [MaybeUninit<u8>],
         what: &str,
     ) {
-        let total: usize = recv_counts.iter().sum();
-        assert_eq!(recv.len(), total, "burn-dtensor: all-to-all receive buffer");
+        assert_eq!(
+            recv.len(),
+            recv_counts.iter().sum::<usize>(),
+            "burn-dtensor: all-to-all receive buffer"
+        );
         assert_eq!(
             send.len(),
             send_counts.iter().sum::<usize>(),
             "burn-dtensor: all-to-all input"
         );
+        let (send_at, recv_at) = (offsets(send_counts), offsets(recv_counts));
+        self.all_to_all_placed(
+            send,
+            (send_counts, &send_at),
+            recv,
+            (recv_counts, &recv_at),
+            what,
+        );
+    }
+    /// `MPI_Ialltoallv` with the caller's displacements, waited on against the collective
+    /// timeout.
+    fn all_to_all_placed(
+        &self,
+        send: &[u8],
+        (send_counts, send_at): (&[usize], &[usize]),
+        recv: &mut [MaybeUninit<u8>],
+        (recv_counts, recv_at): (&[usize], &[usize]),
+        what: &str,
+    ) {
+        check_parts(send.len(), (send_counts, send_at), what);
+        check_parts(recv.len(), (recv_counts, recv_at), what);
         assert!(
             send_counts.len() == self.size && recv_counts.len() == self.size,
             "burn-dtensor: all-to-all counts (one per member)"
         );
+        // The parts lie inside the buffers (checked), so offsets and counts fit MPI's `int`
+        // when the buffers do.
         assert!(
-            total <= i32::MAX as usize && send.len() <= i32::MAX as usize,
+            recv.len() <= i32::MAX as usize && send.len() <= i32::MAX as usize,
             "burn-dtensor: a cross-process all-to-all of {} bytes exceeds MPI's 2 GiB count",
-            total.max(send.len())
+            recv.len().max(send.len())
         );
+        let total: usize = recv_counts.iter().sum();
         let (mut spare_r, mut spare_s) = ([0u8; 8], [0u8; 8]);
-        let recv = never_dangling(recv.as_ptr(), total, &mut spare_r);
+        let recv_ptr = never_dangling(recv.as_ptr(), recv.len(), &mut spare_r);
         let send_ptr = never_dangling(send.as_ptr(), send.len(), &mut spare_s);
-        let (sc, sd) = (byte_counts(send_counts, what), displacements(send_counts));
-        let (rc, rd) = (byte_counts(recv_counts, what), displacements(recv_counts));
+        let (sc, sd, rc, rd) = (
+            byte_counts(send_counts, what),
+            byte_counts(send_at, what),
+            byte_counts(recv_counts, what),
+            byte_counts(recv_at, what),
+        );
         let t = bytes_type();
         let _guard = LOCK.lock().unwrap();
         let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
-        // SAFETY: `send` holds the sum of `sc` bytes at `sd`, `recv` the sum of `rc` at `rd`;
-        // every buffer outlives the wait below.
+        // SAFETY: every part lies inside its buffer (checked above); every buffer outlives the
+        // wait below.
         unsafe {
             ffi::MPI_Ialltoallv(
                 send_ptr,
                 sc.as_ptr(),
                 sd.as_ptr(),
                 t,
-                recv,
+                recv_ptr,
                 rc.as_ptr(),
                 rd.as_ptr(),
                 t,
@@ -594,7 +616,8 @@ unsafe impl ProcessGroup for MpiGroup {
                 &mut req,
             )
         };
-        wait_raw(req, total.max(send.len()), what, &self.world_ranks);
+        let sent: usize = send_counts.iter().sum();
+        wait_raw(req, total.max(sent), what, &self.world_ranks);
     }
     fn broadcast(&self, buf: &mut [u8], root: usize, what: &str) {
         if buf.is_empty() {

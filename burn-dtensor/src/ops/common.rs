@@ -695,10 +695,8 @@ pub fn distribute<B: Backend, K: Kind<B>>(
         // after the first (spatial mode's features), which backends then copy element by
         // element.
         let target = stack::stack_shape(&settled, &shape);
-        let boxes: Vec<_> = (0..settled.mesh.local_size())
-            .map(|j| settled.mesh.global(j))
-            .filter(|&i| stack::is_representative(&settled, i))
-            .map(|i| local_ranges(&settled, &shape, i))
+        let boxes: Vec<_> = stack::local_representatives(&settled)
+            .map(|(_, i)| local_ranges(&settled, &shape, i))
             .collect();
         let data = host::stack(data, &boxes, target)?;
         let t = stack::output(shape, settled, K::from_data(data, &mesh.devices()[0]));
@@ -764,16 +762,16 @@ pub fn into_data<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> TensorData {
     } else {
         stack::to_per_device::<B, K>(t)
     };
-    let mut pieces = Vec::new();
-    for (i, p) in t.per_device().iter().enumerate() {
-        // One device per chunk (the layout is settled: its used axes are the sharding ones).
-        if stack::is_representative(&t.layout, i) {
-            pieces.push((
+    // One device per chunk (the layout is settled: its used axes are the sharding ones).
+    let per = t.per_device();
+    let pieces = stack::local_representatives(&t.layout)
+        .map(|(j, i)| {
+            (
                 local_ranges(&t.layout, &t.shape, i),
-                K::into_data(p.clone()),
-            ));
-        }
-    }
+                K::into_data(per[j].clone()),
+            )
+        })
+        .collect();
     host::assemble(&t.shape, pieces).expect("assembling shards on the host")
 }
 

@@ -474,9 +474,7 @@ pub fn create_from_host<B: Backend, K: Kind<B>>(
         // The representative shards, row-major over the used axes, are the stacked buffer.
         let mut bytes = Vec::new();
         let mut dtype = None;
-        for j in (0..layout.mesh.local_size())
-            .filter(|&j| stack::is_representative(&layout, layout.mesh.global(j)))
-        {
+        for (j, _) in stack::local_representatives(&layout) {
             let d = values(&ranges(j));
             dtype = Some(d.dtype);
             bytes.extend_from_slice(d.as_bytes());
