@@ -28,10 +28,6 @@ use common::batch;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn distributed<I: Backend>(mode: Mode) -> Distributed<I> {
-    distributed_on::<I>(mode, Default::default())
-}
-
 fn distributed_on<I: Backend>(mode: Mode, device: I::Device) -> Distributed<I> {
     Distributed::new(
         mode.default_mesh(),
@@ -160,49 +156,54 @@ fn imdb(c: &mut Criterion) {
 }
 
 fn large(c: &mut Criterion) {
+    large_on::<NdArray>(c, "", Default::default());
+    // On a GPU the large MLP is the step that sharding is for (the IMDB MLP is launch-bound).
+    #[cfg(feature = "cuda")]
+    if available::<burn::backend::Cuda>(&Default::default()) {
+        large_on::<burn::backend::Cuda>(c, "cuda/", Default::default());
+    }
+}
+
+/// The large MLP, single device and the three modes on 8 virtual devices of inner `I`
+/// (`prefix` names the backend in the bench ids; empty for NdArray).
+fn large_on<I: Backend>(c: &mut Criterion, prefix: &str, device: I::Device) {
     // The real sizes in release benches; small ones when run as a test.
     let (dims, n) = if full() {
         ((20000, 4096, 2), 256)
     } else {
         ((200, 64, 2), 32)
     };
-    let one =
-        Distributed::<NdArray>::new("batch=1", 1, Default::default(), LayoutMap::new()).unwrap();
+    let one = Distributed::<I>::new("batch=1", 1, device.clone(), LayoutMap::new()).unwrap();
     let mut v = Bytes(vec![0]);
-    ImdbMlp::<<Distributed<NdArray> as Placement>::AD>::with_dims(
-        dims.0,
-        dims.1,
-        dims.2,
-        &one.device(),
-    )
-    .visit(&mut v);
+    ImdbMlp::<<Distributed<I> as Placement>::AD>::with_dims(dims.0, dims.1, dims.2, &one.device())
+        .visit(&mut v);
     let single_bytes = v.0[0];
     eprintln!("large MLP {dims:?}: single-device parameter bytes {single_bytes}");
     bench_step(
         c,
-        "large_mlp/single",
-        &Single::<NdArray> {
-            device: Default::default(),
+        &format!("large_mlp/{prefix}single"),
+        &Single::<I> {
+            device: device.clone(),
         },
         dims,
         n,
     );
     for mode in [Mode::Data, Mode::Model, Mode::Spatial] {
-        let p = distributed::<NdArray>(mode);
+        let p = distributed_on::<I>(mode, device.clone());
         let m = p
             .prepare_model(ImdbMlp::with_dims(dims.0, dims.1, dims.2, &p.device()))
             .unwrap();
         let mut v = Bytes(vec![0; 8]);
         m.visit(&mut v);
         eprintln!(
-            "large MLP {mode:?} [{}]: per-device parameter bytes {:?} ({:.3} of single)",
+            "large MLP {prefix}{mode:?} [{}]: per-device parameter bytes {:?} ({:.3} of single)",
             p.mesh,
             v.0[0],
             v.0[0] as f64 / single_bytes as f64
         );
         bench_step(
             c,
-            &format!("large_mlp/{mode:?}").to_lowercase(),
+            &format!("large_mlp/{prefix}{mode:?}").to_lowercase(),
             &p,
             dims,
             n,
