@@ -496,7 +496,7 @@ fn gather_shards<P>(
         .filter(|&g| boxes[g].iter().all(|r| !r.is_empty()) && !boxes[..g].contains(&boxes[g]))
         .collect();
     let elem = dtype.size();
-    let bytes = |g: usize| boxes[g].iter().map(|r| r.len()).product::<usize>() * elem;
+    let bytes = |g: usize| crate::host::box_numel(&boxes[g]) * elem;
     let mut mine: Vec<(usize, P)> = shards.filter(|(g, _)| senders.contains(g)).collect();
     mine.sort_by_key(|(g, _)| *g);
     let mut host: Vec<TensorData> = mine.into_iter().map(|(_, p)| download(p)).collect();

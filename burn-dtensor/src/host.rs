@@ -147,6 +147,12 @@ thread_local! {
     static SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
+/// The number of elements in the box `ranges` (one range per dim; the product of their
+/// lengths, 1 for a rank-0 box).
+pub fn box_numel(ranges: &[Range<usize>]) -> usize {
+    ranges.iter().map(|r| r.len()).product()
+}
+
 /// An empty byte buffer to assemble a transfer's send side in, reused between calls on this
 /// thread (up to [`SCRATCH_MAX`] bytes of capacity): a fresh buffer's pages are faulted in (and
 /// zeroed by the kernel) on every call, which cost more than the copy into it. Give it back
@@ -248,7 +254,7 @@ pub fn append_box(
     out: &mut Vec<u8>,
 ) {
     let at = out.len();
-    let n: usize = ranges.iter().map(|r| r.len()).product();
+    let n = box_numel(ranges);
     // Runs come in the box's row-major order, so they are appended as they come (no zeroing
     // of the destination first: that memset was half of an all-to-all's send side).
     out.reserve(n * elem);
@@ -272,7 +278,7 @@ pub fn read_box_into(
     ranges: &[Range<usize>],
     out: &mut [MaybeUninit<u8>],
 ) {
-    let n: usize = ranges.iter().map(|r| r.len()).product();
+    let n = box_numel(ranges);
     assert_eq!(out.len(), n * elem, "burn-dtensor: a box's destination");
     for_each_run(shape, ranges, |s, d, n| {
         let (from, to) = (
@@ -391,7 +397,7 @@ pub fn consecutive(shape: &[usize], boxes: &[Vec<Range<usize>>]) -> bool {
         if start != next {
             return false;
         }
-        next += ranges.iter().map(|r| r.len()).product::<usize>();
+        next += box_numel(ranges);
     }
     next == shape.iter().product::<usize>()
 }
@@ -537,7 +543,7 @@ mod tests {
     fn read_box_into_writes_the_box_row_major() {
         use std::mem::MaybeUninit;
         let read = |shape: &[usize], src: &[f32], ranges: &[std::ops::Range<usize>]| {
-            let n: usize = ranges.iter().map(|r| r.len()).product();
+            let n = super::box_numel(ranges);
             let bytes: &[u8] = bytemuck::cast_slice(src);
             let mut out = vec![MaybeUninit::<u8>::uninit(); n * 4];
             super::read_box_into(shape, 4, bytes, ranges, &mut out);

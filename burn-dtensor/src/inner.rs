@@ -146,6 +146,34 @@ pub fn host_bytes_mut<P: 'static>(t: &mut P) -> Option<&mut [u8]> {
     None
 }
 
+/// The scaffold of the NdArray views ([`reshape_view`], [`rows_view`]): `$t` (a primitive of
+/// type `P`) as an owned, row-major NdArray array of any element type, shared
+/// (`ArcArray<E, IxDyn>`, bound to `$a`), turned by `$view` (an `Option` of the viewed array)
+/// into a primitive of type `P` again; `None` for another backend or layout, or where `$view`
+/// gives none.
+#[cfg(feature = "ndarray")]
+macro_rules! ndarray_view {
+    ($t:expr, |$a:ident| $view:expr) => {
+        ndarray_view!(@each $t, |$a| $view; F64, F32, I64, I32, I16, I8, U64, U32, U16, U8, Bool)
+    };
+    (@each $t:expr, |$a:ident| $view:expr; $($v:ident),*) => {{
+        use burn_ndarray::NdArrayTensor as T;
+        (|| {
+            let t = ($t as &dyn std::any::Any).downcast_ref::<T>()?;
+            let out: Box<dyn std::any::Any> = Box::new(match t {
+                $(T::$v(s) => {
+                    if !s.is_owned() || !s.view().is_standard_layout() {
+                        return None;
+                    }
+                    let $a = s.clone().into_shared();
+                    T::$v($view?.into())
+                })*
+            });
+            out.downcast::<P>().ok().map(|p| *p)
+        })()
+    }};
+}
+
 /// Primitive `t` reshaped to `shape` as a view of its storage, where the inner backend's own
 /// reshape would copy: NdArray's arrays in row-major (standard) layout, whose `reshape` returns
 /// a copy even then ([`reshape_copies`]). The view shares `t`'s storage (NdArray's arrays are
@@ -158,24 +186,7 @@ pub fn host_bytes_mut<P: 'static>(t: &mut P) -> Option<&mut [u8]> {
 pub fn reshape_view<P: 'static>(t: &P, shape: &[usize]) -> Option<P> {
     #[cfg(feature = "ndarray")]
     {
-        use burn_ndarray::NdArrayTensor as T;
-        let t = (t as &dyn std::any::Any).downcast_ref::<T>()?;
-        macro_rules! view {
-            ($($v:ident),*) => {
-                match t {
-                    $(T::$v(s) => {
-                        if !s.is_owned() || !s.view().is_standard_layout() {
-                            return None;
-                        }
-                        let a = s.clone().into_shared();
-                        T::$v(a.into_shape_with_order(ndarray::IxDyn(shape)).ok()?.into())
-                    })*
-                }
-            };
-        }
-        let out: Box<dyn std::any::Any> =
-            Box::new(view!(F64, F32, I64, I32, I16, I8, U64, U32, U16, U8, Bool));
-        return out.downcast::<P>().ok().map(|p| *p);
+        return ndarray_view!(t, |a| a.into_shape_with_order(ndarray::IxDyn(shape)).ok());
     }
     #[allow(unreachable_code)]
     {
@@ -195,31 +206,13 @@ pub fn reshape_view<P: 'static>(t: &P, shape: &[usize]) -> Option<P> {
 pub fn rows_view<P: 'static>(t: &P, rows: std::ops::Range<usize>) -> Option<P> {
     #[cfg(feature = "ndarray")]
     {
-        use burn_ndarray::NdArrayTensor as T;
-        let t = (t as &dyn std::any::Any).downcast_ref::<T>()?;
-        macro_rules! view {
-            ($($v:ident),*) => {
-                match t {
-                    $(T::$v(s) => {
-                        let v = s.view();
-                        if !s.is_owned()
-                            || !v.is_standard_layout()
-                            || v.ndim() == 0
-                            || rows.start > rows.end
-                            || rows.end > v.shape()[0]
-                        {
-                            return None;
-                        }
-                        let mut a = s.clone().into_shared();
-                        a.slice_axis_inplace(ndarray::Axis(0), ndarray::Slice::from(rows));
-                        T::$v(a.into())
-                    })*
-                }
-            };
-        }
-        let out: Box<dyn std::any::Any> =
-            Box::new(view!(F64, F32, I64, I32, I16, I8, U64, U32, U16, U8, Bool));
-        return out.downcast::<P>().ok().map(|p| *p);
+        return ndarray_view!(t, |a| {
+            let mut a = a;
+            (a.ndim() > 0 && rows.start <= rows.end && rows.end <= a.shape()[0]).then(|| {
+                a.slice_axis_inplace(ndarray::Axis(0), ndarray::Slice::from(rows.clone()));
+                a
+            })
+        });
     }
     #[allow(unreachable_code)]
     {

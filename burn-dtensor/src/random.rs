@@ -118,7 +118,7 @@ fn fill_box<T: Send>(
     if rank == 0 {
         return vec![at(0)];
     }
-    let len: usize = ranges.iter().map(|r| r.len()).product();
+    let len = crate::host::box_numel(ranges);
     if len == 0 {
         return Vec::new();
     }

@@ -323,7 +323,7 @@ impl StateDict {
             for &q in &holders {
                 done[q] = true;
             }
-            let numel: usize = boxes[g].iter().map(|r| r.len()).product();
+            let numel = crate::host::box_numel(&boxes[g]);
             if numel == 0 {
                 continue;
             }

@@ -91,7 +91,7 @@ fn copy_overlap(
         .zip(ranges)
         .map(|(a, b)| a.start.max(b.start)..a.end.min(b.end).max(a.start.max(b.start)))
         .collect();
-    let count: usize = ov.iter().map(|r| r.len()).product();
+    let count = crate::host::box_numel(&ov);
     if count == 0 {
         return Ok(0);
     }
@@ -119,7 +119,7 @@ fn copy_overlap(
     let b_str = strides(&b_sizes);
     // Every run's (offset in the shard, offset in the box), in elements, in the shard's order.
     let outer: Vec<Range<usize>> = ov[..split].to_vec();
-    let total: usize = outer.iter().map(|r| r.len()).product();
+    let total = crate::host::box_numel(&outer);
     let mut runs = Vec::with_capacity(total);
     for k in 0..total {
         // The k-th outer index, row-major.

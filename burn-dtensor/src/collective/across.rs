@@ -223,7 +223,6 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
             })
             .collect()
     };
-    let numel = |b: &[Range<usize>]| b.iter().map(|r| r.len()).product::<usize>();
     // One round: each member downloaded once, whole, and cut on the host.
     let mut hosts: Vec<Outgoing<K::P>> = if rounds == 1 {
         members.drain(..).map(Outgoing::new::<B, K>).collect()
@@ -266,7 +265,7 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
             let at = send.len();
             let part = boxed(q, r);
             if source.is_some() {
-                send_counts.push(numel(&part) * es);
+                send_counts.push(host::box_numel(&part) * es);
                 send_at.push(part[dim].start * run);
                 continue;
             }
@@ -274,7 +273,7 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
                 for d in &hosts {
                     host::append_box(&shape, es, d.bytes(), &part, &mut send);
                 }
-            } else if numel(&part) > 0 {
+            } else if host::box_numel(&part) > 0 {
                 for m in &members {
                     // A view where the backend's slice would copy (NdArray, a leading dim).
                     let rows = part[dim].clone();
@@ -293,7 +292,7 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
             None => &send,
         };
         let mine = boxed(me, r);
-        let c = numel(&mine);
+        let c = host::box_numel(&mine);
         let recv_counts = vec![l * c * es; p];
         let recv_at = offsets(&recv_counts);
         // SAFETY: the parts at `recv_at` tile `got`; the engine writes all of them
@@ -457,10 +456,7 @@ pub(crate) fn all_to_all<B: Backend, K: Kind<B>>(
     let parts: Vec<Vec<Range<usize>>> = (0..p)
         .map(|q| with(&shape, to_dim, block(n_to, k, l, q)))
         .collect();
-    let send_counts: Vec<usize> = parts
-        .iter()
-        .map(|b| b.iter().map(|r| r.len()).product::<usize>() * es)
-        .collect();
+    let send_counts: Vec<usize> = parts.iter().map(|b| host::box_numel(b) * es).collect();
     // This process's own part never goes through the engine: it is copied from the shard
     // straight into its place in the receive buffer (below), one copy where packing it and the
     // engine's local copy made two. The other parts are sent from the shard's bytes where they
@@ -487,10 +483,7 @@ pub(crate) fn all_to_all<B: Backend, K: Kind<B>>(
     let boxes: Vec<Vec<Range<usize>>> = (0..p)
         .map(|q| with(&out_shape, from_dim, block(n_from, k, l, q)))
         .collect();
-    let recv_counts: Vec<usize> = boxes
-        .iter()
-        .map(|b| b.iter().map(|r| r.len()).product::<usize>() * es)
-        .collect();
+    let recv_counts: Vec<usize> = boxes.iter().map(|b| host::box_numel(b) * es).collect();
     let recv_at = offsets(&recv_counts);
     let w = what(CollectiveKind::AllToAll, topo, axis, global);
     let total: usize = recv_counts.iter().sum();
