@@ -3,7 +3,9 @@
 //! inference; the decorator's overhead (a mesh of one device against the bare backend); and a
 //! larger MLP (20000 -> 4096 -> 2, global batch 256) in the three modes, with its per-device
 //! parameter memory printed. With `--features wgpu` (`cuda`) the IMDB step also runs on Wgpu
-//! (Cuda) when a device is found.
+//! (Cuda) when a device is found, and with `cuda` the large MLP too. On a GPU pass
+//! `--warm-up-time 4`: CubeCL autotunes each new matmul shape on its first calls, which the
+//! default 0.3 s warm-up leaves inside the samples (medians 2-18x too high, NOTES.md session 29).
 //!
 //! `DTENSOR_BENCH_FULL=1 cargo bench --bench imdb_step` (the large MLP at its real size; without
 //! the variable it uses 200 -> 64 -> 2). Under `cargo test --all-targets` each bench runs once as
