@@ -379,23 +379,34 @@ impl Collect {
     }
 }
 
-impl<B: DistributedOps> ModuleVisitor<B> for Collect {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name.to_string());
-    }
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-    fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
-        self.add(p.val());
-    }
-    fn visit_int<const D: usize>(&mut self, p: &Param<Tensor<B, D, Int>>) {
-        self.add(p.val());
-    }
-    fn visit_bool<const D: usize>(&mut self, p: &Param<Tensor<B, D, Bool>>) {
-        self.add(p.val());
-    }
+/// The `ModuleVisitor` of a state collector (`$ty`, with a `path` stack and an `add` method):
+/// each parameter's value `$t` given to `add` as `$e`, under its module path.
+macro_rules! collector_visitor {
+    ($ty:ty, $bound:path, $t:ident => $e:expr) => {
+        impl<B: $bound> ModuleVisitor<B> for $ty {
+            fn enter_module(&mut self, name: &str, _container_type: &str) {
+                self.path.push(name.to_string());
+            }
+            fn exit_module(&mut self, _name: &str, _container_type: &str) {
+                self.path.pop();
+            }
+            fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+                let $t = p.val();
+                self.add($e);
+            }
+            fn visit_int<const D: usize>(&mut self, p: &Param<Tensor<B, D, Int>>) {
+                let $t = p.val();
+                self.add($e);
+            }
+            fn visit_bool<const D: usize>(&mut self, p: &Param<Tensor<B, D, Bool>>) {
+                let $t = p.val();
+                self.add($e);
+            }
+        }
+    };
 }
+
+collector_visitor!(Collect, DistributedOps, t => t);
 
 /// Folds the pending update of every `RunningState` of `module` (BatchNorm's running mean and
 /// variance) into its value. Burn's module visit reads a running state's value without this
@@ -422,23 +433,7 @@ impl CollectWhole {
     }
 }
 
-impl<B: Backend> ModuleVisitor<B> for CollectWhole {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name.to_string());
-    }
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-    fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
-        self.add(p.val().into_data());
-    }
-    fn visit_int<const D: usize>(&mut self, p: &Param<Tensor<B, D, Int>>) {
-        self.add(p.val().into_data());
-    }
-    fn visit_bool<const D: usize>(&mut self, p: &Param<Tensor<B, D, Bool>>) {
-        self.add(p.val().into_data());
-    }
-}
+collector_visitor!(CollectWhole, Backend, t => t.into_data());
 
 /// Writes `state` as a sharded checkpoint into the **new** directory `dir` (see the module docs
 /// for the files and the commit). Collective: every process calls it with the same names.
@@ -763,32 +758,44 @@ impl Loader<'_> {
     }
 }
 
-impl<B: DistributedOps> ModuleMapper<B> for Loader<'_> {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name.to_string());
-    }
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        param.map(|t| {
-            let grad = t.is_require_grad();
-            self.load(t).set_require_grad(grad)
-        })
-    }
-    fn map_int<const D: usize>(
-        &mut self,
-        param: Param<Tensor<B, D, Int>>,
-    ) -> Param<Tensor<B, D, Int>> {
-        param.map(|t| self.load(t))
-    }
-    fn map_bool<const D: usize>(
-        &mut self,
-        param: Param<Tensor<B, D, Bool>>,
-    ) -> Param<Tensor<B, D, Bool>> {
-        param.map(|t| self.load(t))
-    }
+/// The `ModuleMapper` of a checkpoint loader (`$ty`, with a `path` stack and a `load` method for
+/// every tensor kind): each parameter replaced by `load` under its module path, a float
+/// parameter keeping whether it requires a gradient.
+macro_rules! loader_mapper {
+    ($ty:ty, $bound:path) => {
+        impl<B: $bound> ModuleMapper<B> for $ty {
+            fn enter_module(&mut self, name: &str, _container_type: &str) {
+                self.path.push(name.to_string());
+            }
+            fn exit_module(&mut self, _name: &str, _container_type: &str) {
+                self.path.pop();
+            }
+            fn map_float<const D: usize>(
+                &mut self,
+                param: Param<Tensor<B, D>>,
+            ) -> Param<Tensor<B, D>> {
+                param.map(|t| {
+                    let grad = t.is_require_grad();
+                    self.load(t).set_require_grad(grad)
+                })
+            }
+            fn map_int<const D: usize>(
+                &mut self,
+                param: Param<Tensor<B, D, Int>>,
+            ) -> Param<Tensor<B, D, Int>> {
+                param.map(|t| self.load(t))
+            }
+            fn map_bool<const D: usize>(
+                &mut self,
+                param: Param<Tensor<B, D, Bool>>,
+            ) -> Param<Tensor<B, D, Bool>> {
+                param.map(|t| self.load(t))
+            }
+        }
+    };
 }
+
+loader_mapper!(Loader<'_>, DistributedOps);
 
 struct WholeLoader<'a, B: Backend> {
     ckpt: &'a Checkpoint,
@@ -825,29 +832,4 @@ impl<B: Backend> WholeLoader<'_, B> {
     }
 }
 
-impl<B: Backend> ModuleMapper<B> for WholeLoader<'_, B> {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name.to_string());
-    }
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        param.map(|t| {
-            let grad = t.is_require_grad();
-            self.load(t).set_require_grad(grad)
-        })
-    }
-    fn map_int<const D: usize>(
-        &mut self,
-        param: Param<Tensor<B, D, Int>>,
-    ) -> Param<Tensor<B, D, Int>> {
-        param.map(|t| self.load(t))
-    }
-    fn map_bool<const D: usize>(
-        &mut self,
-        param: Param<Tensor<B, D, Bool>>,
-    ) -> Param<Tensor<B, D, Bool>> {
-        param.map(|t| self.load(t))
-    }
-}
+loader_mapper!(WholeLoader<'_, B>, Backend);

@@ -178,27 +178,21 @@ impl<B: Backend> StateIo<B> for Whole {
     }
 }
 
-/// The optimizer's state, parameter by parameter of `model` (the visit gives each parameter's
-/// rank), into a state dict.
-struct Collect<'a, O, AB, Io>
-where
-    AB: AutodiffBackend,
-    O: SimpleOptimizer<AB::InnerBackend>,
-{
-    prefix: &'a str,
-    path: Vec<String>,
-    records: HashMap<ParamId, AdaptorRecord<O, AB>>,
-    state: &'a mut StateDict,
-    error: Option<DTensorError>,
-    io: std::marker::PhantomData<Io>,
+/// What [`walk`] does with each float parameter of a model, given its module path
+/// (`dense1.weight`).
+trait PerParam<AB: AutodiffBackend> {
+    fn param<const D: usize>(&mut self, path: &str, param: &Param<Tensor<AB, D>>) -> Result<()>;
 }
 
-impl<O, AB, Io> ModuleVisitor<AB> for Collect<'_, O, AB, Io>
-where
-    AB: AutodiffBackend,
-    O: ShardedOptimizer<AB::InnerBackend>,
-    Io: StateIo<AB::InnerBackend>,
-{
+/// The module visitor behind [`walk`]: the path of the parameter being visited, and the first
+/// error (after which the other parameters are skipped).
+struct Walk<V> {
+    path: Vec<String>,
+    error: Option<DTensorError>,
+    per_param: V,
+}
+
+impl<AB: AutodiffBackend, V: PerParam<AB>> ModuleVisitor<AB> for Walk<V> {
     fn enter_module(&mut self, name: &str, _container_type: &str) {
         self.path.push(name.to_string());
     }
@@ -209,28 +203,62 @@ where
         if self.error.is_some() {
             return;
         }
-        let Some(record) = self.records.remove(&param.id) else {
-            return; // no state yet (the parameter was never stepped)
-        };
-        let path = self.path.join(".");
-        let r = O::into_parts(record.into_state::<D>()).and_then(|parts| {
-            for (name, t) in O::TENSORS.iter().zip(parts.tensors) {
-                Io::put(self.state, key(self.prefix, &path, name), t)?;
-            }
-            for (name, v) in O::COUNTERS.iter().zip(parts.counters) {
-                self.state
-                    .insert_counter(key(self.prefix, &path, name), v)?;
-            }
-            if O::TENSORS.is_empty() && O::COUNTERS.is_empty() {
-                // A state with nothing in it still marks the parameter as stepped.
-                self.state
-                    .insert_counter(key(self.prefix, &path, "stepped"), 1)?;
-            }
-            Ok(())
-        });
-        if let Err(e) = r {
+        if let Err(e) = self.per_param.param(&self.path.join("."), param) {
             self.error = Some(e);
         }
+    }
+}
+
+/// Runs `per_param` on every float parameter of `model`, in the visit's order; the first error.
+fn walk<AB: AutodiffBackend, M: AutodiffModule<AB>, V: PerParam<AB>>(
+    model: &M,
+    per_param: V,
+) -> Result<V> {
+    let mut w = Walk {
+        path: Vec::new(),
+        error: None,
+        per_param,
+    };
+    model.visit(&mut w);
+    w.error.map_or(Ok(w.per_param), Err)
+}
+
+/// The optimizer's state, parameter by parameter of `model` (the visit gives each parameter's
+/// rank), into a state dict.
+struct Collect<'a, O, AB, Io>
+where
+    AB: AutodiffBackend,
+    O: SimpleOptimizer<AB::InnerBackend>,
+{
+    prefix: &'a str,
+    records: HashMap<ParamId, AdaptorRecord<O, AB>>,
+    state: &'a mut StateDict,
+    io: std::marker::PhantomData<Io>,
+}
+
+impl<O, AB, Io> PerParam<AB> for Collect<'_, O, AB, Io>
+where
+    AB: AutodiffBackend,
+    O: ShardedOptimizer<AB::InnerBackend>,
+    Io: StateIo<AB::InnerBackend>,
+{
+    fn param<const D: usize>(&mut self, path: &str, param: &Param<Tensor<AB, D>>) -> Result<()> {
+        let Some(record) = self.records.remove(&param.id) else {
+            return Ok(()); // no state yet (the parameter was never stepped)
+        };
+        let parts = O::into_parts(record.into_state::<D>())?;
+        for (name, t) in O::TENSORS.iter().zip(parts.tensors) {
+            Io::put(self.state, key(self.prefix, path, name), t)?;
+        }
+        for (name, v) in O::COUNTERS.iter().zip(parts.counters) {
+            self.state.insert_counter(key(self.prefix, path, name), v)?;
+        }
+        if O::TENSORS.is_empty() && O::COUNTERS.is_empty() {
+            // A state with nothing in it still marks the parameter as stepped.
+            self.state
+                .insert_counter(key(self.prefix, path, "stepped"), 1)?;
+        }
+        Ok(())
     }
 }
 
@@ -246,16 +274,13 @@ where
     O: ShardedOptimizer<AB::InnerBackend>,
     Io: StateIo<AB::InnerBackend>,
 {
-    let mut v = Collect::<O, AB, Io> {
+    let c = Collect::<O, AB, Io> {
         prefix,
-        path: Vec::new(),
         records: optim.to_record().into_iter().collect(),
         state,
-        error: None,
         io: std::marker::PhantomData,
     };
-    model.visit(&mut v);
-    v.error.map_or(Ok(()), Err)
+    walk(model, c).map(|_| ())
 }
 
 impl StateDict {
@@ -311,64 +336,46 @@ where
 {
     ckpt: &'a Checkpoint,
     prefix: &'a str,
-    path: Vec<String>,
     records: HashMap<ParamId, AdaptorRecord<O, AB>>,
-    error: Option<DTensorError>,
     io: std::marker::PhantomData<Io>,
 }
 
-impl<O, AB, Io> ModuleVisitor<AB> for Load<'_, O, AB, Io>
+impl<O, AB, Io> PerParam<AB> for Load<'_, O, AB, Io>
 where
     AB: AutodiffBackend,
     O: ShardedOptimizer<AB::InnerBackend>,
     Io: StateIo<AB::InnerBackend>,
 {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name.to_string());
-    }
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
-        if self.error.is_some() {
-            return;
-        }
-        let path = self.path.join(".");
+    fn param<const D: usize>(&mut self, path: &str, param: &Param<Tensor<AB, D>>) -> Result<()> {
         let meta = &self.ckpt.meta;
         let first = O::TENSORS
             .first()
             .or(O::COUNTERS.first())
             .copied()
             .unwrap_or("stepped");
-        let k = key(self.prefix, &path, first);
+        let k = key(self.prefix, path, first);
         if !meta.tensors.contains_key(&k) && !meta.counters.contains_key(&k) {
-            return; // the parameter had no state when saved
+            return Ok(()); // the parameter had no state when saved
         }
         let value = param.val().inner();
-        let r = (|| -> Result<StateParts<AB::InnerBackend, D>> {
-            let mut tensors = Vec::with_capacity(O::TENSORS.len());
-            for name in O::TENSORS {
-                tensors.push(Io::get(self.ckpt, &key(self.prefix, &path, name), &value)?);
-            }
-            let mut counters = Vec::with_capacity(O::COUNTERS.len());
-            for name in O::COUNTERS {
-                let k = key(self.prefix, &path, name);
-                counters.push(*meta.counters.get(&k).ok_or_else(|| {
-                    ckpt_err(
-                        &self.ckpt.dir,
-                        format!("no counter `{k}`: the optimizer state of `{path}` is incomplete"),
-                    )
-                })?);
-            }
-            Ok(StateParts { tensors, counters })
-        })();
-        match r {
-            Ok(parts) => {
-                let record = AdaptorRecord::from_state::<D>(O::from_parts(parts));
-                self.records.insert(param.id, record);
-            }
-            Err(e) => self.error = Some(e),
+        let mut tensors = Vec::with_capacity(O::TENSORS.len());
+        for name in O::TENSORS {
+            tensors.push(Io::get(self.ckpt, &key(self.prefix, path, name), &value)?);
         }
+        let mut counters = Vec::with_capacity(O::COUNTERS.len());
+        for name in O::COUNTERS {
+            let k = key(self.prefix, path, name);
+            counters.push(*meta.counters.get(&k).ok_or_else(|| {
+                ckpt_err(
+                    &self.ckpt.dir,
+                    format!("no counter `{k}`: the optimizer state of `{path}` is incomplete"),
+                )
+            })?);
+        }
+        let parts = StateParts { tensors, counters };
+        let record = AdaptorRecord::from_state::<D>(O::from_parts(parts));
+        self.records.insert(param.id, record);
+        Ok(())
     }
 }
 
@@ -384,19 +391,14 @@ where
     O: ShardedOptimizer<AB::InnerBackend>,
     Io: StateIo<AB::InnerBackend>,
 {
-    let mut v = Load::<O, AB, Io> {
+    let l = Load::<O, AB, Io> {
         ckpt,
         prefix,
-        path: Vec::new(),
         records: HashMap::new(),
-        error: None,
         io: std::marker::PhantomData,
     };
-    model.visit(&mut v);
-    match v.error {
-        Some(e) => Err(e),
-        None => Ok(optim.load_record(v.records.into_iter().collect())),
-    }
+    let l = walk(model, l)?;
+    Ok(optim.load_record(l.records.into_iter().collect()))
 }
 
 impl Checkpoint {

@@ -186,33 +186,59 @@ pub(crate) fn would_hold_stacked<B>(layout: &Layout, shape: &[usize]) -> bool {
         && (!threads_for::<B>() || stack::shard_elements(layout, shape) < par_min())
 }
 
+/// The body of [`run1`], [`run2_weighted`] and [`run3`]: the operands `$t` (of kinds `$K`, the
+/// strategy's input `$i`) brought to the strategy's input layouts, then `$f` run once on the
+/// stacked shards where [`stacks`] allows it, else per device ([`run_each`], with the per-shard
+/// work `$work` computed from the redistributed operands). The first operand's devices plan the
+/// replicas ([`dedupe_plan`]).
+macro_rules! run_operands {
+    ($s:ident, $shape:ident, $stack:ident, $f:ident, $work:expr,
+     [($t0:ident, $K0:ident, 0) $(, ($t:ident, $K:ident, $i:tt))*]) => {{
+        if stacks::<B>(
+            $stack,
+            (&$s.output, &$shape),
+            &[(&$s.inputs[0], &$t0.shape) $(, (&$s.inputs[$i], &$t.shape))*],
+        ) {
+            let $t0 = execute_stacked::<B, $K0>($t0, &$s.inputs[0]);
+            $(let $t = execute_stacked::<B, $K>($t, &$s.inputs[$i]);)*
+            return stack::output(
+                $shape,
+                $s.output.clone(),
+                $f(At::Stacked($s.output.mesh.ndim()), $t0 $(, $t)*),
+            );
+        }
+        let $t0 = execute::<B, $K0>($t0, &$s.inputs[0]);
+        $(let $t = execute::<B, $K>($t, &$s.inputs[$i]);)*
+        let plan = plan_for::<B, $K0>(
+            $t0.per_device(),
+            &[&$s.inputs[0] $(, &$s.inputs[$i])*, &$s.output],
+        );
+        let w = $work;
+        let mut shards = ($t0.into_per_device().into_iter() $(, $t.into_per_device().into_iter())*,);
+        let inputs: Vec<_> = std::iter::from_fn(|| {
+            Some((shards.0.next()? $(, shards.$i.next().expect("one shard per device"))*,))
+        })
+        .collect();
+        DTensor::from_parts(
+            $shape,
+            $s.output.clone(),
+            run_each(inputs, &plan, w, threads_for::<B>(), |i, ($t0 $(, $t)*,)| {
+                $f(At::Device($s.output.mesh.global(i)), $t0 $(, $t)*)
+            }),
+        )
+    }};
+}
+
 /// One input. `f` receives where it runs ([`At`]); `stack` says whether it is correct on a
 /// stacked primitive (dims offset by [`At::off`], shapes from [`At::shape`]).
 pub fn run1<B: Backend, K1: Kind<B>, KO: Kind<B>>(
-    t: DTensor<K1::P>,
+    a: DTensor<K1::P>,
     s: &Strategy,
     shape: Vec<usize>,
     stack: bool,
     f: impl Fn(At, K1::P) -> KO::P + Sync,
 ) -> DTensor<KO::P> {
-    if stacks::<B>(stack, (&s.output, &shape), &[(&s.inputs[0], &t.shape)]) {
-        let x = execute_stacked::<B, K1>(t, &s.inputs[0]);
-        return stack::output(
-            shape,
-            s.output.clone(),
-            f(At::Stacked(s.output.mesh.ndim()), x),
-        );
-    }
-    let t = execute::<B, K1>(t, &s.inputs[0]);
-    let plan = plan_for::<B, K1>(t.per_device(), &[&s.inputs[0], &s.output]);
-    let w = work(t.per_device());
-    DTensor::from_parts(
-        shape,
-        s.output.clone(),
-        run_each(t.into_per_device(), &plan, w, threads_for::<B>(), |i, x| {
-            f(At::Device(s.output.mesh.global(i)), x)
-        }),
-    )
+    run_operands!(s, shape, stack, f, work(a.per_device()), [(a, K1, 0)])
 }
 
 /// Two inputs (see [`run1`]).
@@ -239,34 +265,13 @@ pub fn run2_weighted<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
     weigh: impl Fn(&[K1::P], &[K2::P]) -> usize,
     f: impl Fn(At, K1::P, K2::P) -> KO::P + Sync,
 ) -> DTensor<KO::P> {
-    if stacks::<B>(
-        stack,
-        (&s.output, &shape),
-        &[(&s.inputs[0], &a.shape), (&s.inputs[1], &b.shape)],
-    ) {
-        let x = execute_stacked::<B, K1>(a, &s.inputs[0]);
-        let y = execute_stacked::<B, K2>(b, &s.inputs[1]);
-        return stack::output(
-            shape,
-            s.output.clone(),
-            f(At::Stacked(s.output.mesh.ndim()), x, y),
-        );
-    }
-    let a = execute::<B, K1>(a, &s.inputs[0]);
-    let b = execute::<B, K2>(b, &s.inputs[1]);
-    let plan = plan_for::<B, K1>(a.per_device(), &[&s.inputs[0], &s.inputs[1], &s.output]);
-    let w = weigh(a.per_device(), b.per_device());
-    let inputs: Vec<_> = a
-        .into_per_device()
-        .into_iter()
-        .zip(b.into_per_device())
-        .collect();
-    DTensor::from_parts(
+    run_operands!(
+        s,
         shape,
-        s.output.clone(),
-        run_each(inputs, &plan, w, threads_for::<B>(), |i, (x, y)| {
-            f(At::Device(s.output.mesh.global(i)), x, y)
-        }),
+        stack,
+        f,
+        weigh(a.per_device(), b.per_device()),
+        [(a, K1, 0), (b, K2, 1)]
     )
 }
 
@@ -281,44 +286,13 @@ pub fn run3<B: Backend, K1: Kind<B>, K2: Kind<B>, K3: Kind<B>, KO: Kind<B>>(
     stack: bool,
     f: impl Fn(At, K1::P, K2::P, K3::P) -> KO::P + Sync,
 ) -> DTensor<KO::P> {
-    if stacks::<B>(
-        stack,
-        (&s.output, &shape),
-        &[
-            (&s.inputs[0], &a.shape),
-            (&s.inputs[1], &b.shape),
-            (&s.inputs[2], &c.shape),
-        ],
-    ) {
-        let x = execute_stacked::<B, K1>(a, &s.inputs[0]);
-        let y = execute_stacked::<B, K2>(b, &s.inputs[1]);
-        let z = execute_stacked::<B, K3>(c, &s.inputs[2]);
-        return stack::output(
-            shape,
-            s.output.clone(),
-            f(At::Stacked(s.output.mesh.ndim()), x, y, z),
-        );
-    }
-    let a = execute::<B, K1>(a, &s.inputs[0]);
-    let b = execute::<B, K2>(b, &s.inputs[1]);
-    let c = execute::<B, K3>(c, &s.inputs[2]);
-    let plan = plan_for::<B, K1>(
-        a.per_device(),
-        &[&s.inputs[0], &s.inputs[1], &s.inputs[2], &s.output],
-    );
-    let w = work(a.per_device());
-    let inputs: Vec<_> = a
-        .into_per_device()
-        .into_iter()
-        .zip(b.into_per_device())
-        .zip(c.into_per_device())
-        .collect();
-    DTensor::from_parts(
+    run_operands!(
+        s,
         shape,
-        s.output.clone(),
-        run_each(inputs, &plan, w, threads_for::<B>(), |i, ((x, y), z)| {
-            f(At::Device(s.output.mesh.global(i)), x, y, z)
-        }),
+        stack,
+        f,
+        work(a.per_device()),
+        [(a, K1, 0), (b, K2, 1), (c, K3, 2)]
     )
 }
 

@@ -43,6 +43,30 @@ fn run_batch<B: Backend>(
     run_batch_with::<B, _>(x, batched_out, empty_batch::<B, FloatKind>, f)
 }
 
+/// A float op of `x` alone, batch-parallel ([`prep`], [`run_batch`]): `f` gets each device's
+/// shard of `x` (its chunk of the batch, all else whole) and returns that device's output.
+fn batch_map<B: Backend>(
+    x: FT<B>,
+    f: impl Fn(B::FloatTensorPrimitive) -> B::FloatTensorPrimitive + Sync,
+) -> FT<B> {
+    let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
+    run_batch::<B>(&x, true, |i| f(xs.per_device()[i].clone()))
+}
+
+/// [`batch_map`] for a backward pass: `f` gets each device's shards of `x` and of the output
+/// gradient `grad` (laid out as `x`) and returns that device's input gradient.
+fn batch_map_grad<B: Backend>(
+    x: FT<B>,
+    grad: FT<B>,
+    f: impl Fn(B::FloatTensorPrimitive, B::FloatTensorPrimitive) -> B::FloatTensorPrimitive + Sync,
+) -> FT<B> {
+    let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
+    let g = prep::<B, FloatKind>(grad, &x.layout, true);
+    run_batch::<B>(&x, true, |i| {
+        f(xs.per_device()[i].clone(), g.per_device()[i].clone())
+    })
+}
+
 /// A per-shard output of kind `K` with its dim 0 cut to 0 (see [`run_batch`]).
 fn empty_batch<B: Backend, K: Kind<B>>(r: &K::P) -> K::P {
     K::slice(r.clone(), &[burn::tensor::Slice::new(0, Some(0), 1)])
@@ -312,10 +336,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         kernel_size: [usize; 2],
         options: UnfoldOptions,
     ) -> FloatTensor<Self> {
-        let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-        run_batch::<B>(&x, true, |i| {
-            B::unfold4d(xs.per_device()[i].clone(), kernel_size, options.clone())
-        })
+        batch_map::<B>(x, |x| B::unfold4d(x, kernel_size, options.clone()))
     }
     fn avg_pool2d(
         x: FloatTensor<Self>,
@@ -325,10 +346,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         cip: bool,
         ceil: bool,
     ) -> FloatTensor<Self> {
-        let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-        run_batch::<B>(&x, true, |i| {
-            B::avg_pool2d(xs.per_device()[i].clone(), k, s, p, cip, ceil)
-        })
+        batch_map::<B>(x, |x| B::avg_pool2d(x, k, s, p, cip, ceil))
     }
     fn avg_pool2d_backward(
         x: FloatTensor<Self>,
@@ -339,35 +357,18 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         cip: bool,
         ceil: bool,
     ) -> FloatTensor<Self> {
-        let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-        let g = prep::<B, FloatKind>(grad, &x.layout, true);
-        run_batch::<B>(&x, true, |i| {
-            B::avg_pool2d_backward(
-                xs.per_device()[i].clone(),
-                g.per_device()[i].clone(),
-                k,
-                s,
-                p,
-                cip,
-                ceil,
-            )
+        batch_map_grad::<B>(x, grad, |x, g| {
+            B::avg_pool2d_backward(x, g, k, s, p, cip, ceil)
         })
     }
     fn adaptive_avg_pool2d(x: FloatTensor<Self>, output_size: [usize; 2]) -> FloatTensor<Self> {
-        let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-        run_batch::<B>(&x, true, |i| {
-            B::adaptive_avg_pool2d(xs.per_device()[i].clone(), output_size)
-        })
+        batch_map::<B>(x, |x| B::adaptive_avg_pool2d(x, output_size))
     }
     fn adaptive_avg_pool2d_backward(
         x: FloatTensor<Self>,
         grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-        let g = prep::<B, FloatKind>(grad, &x.layout, true);
-        run_batch::<B>(&x, true, |i| {
-            B::adaptive_avg_pool2d_backward(xs.per_device()[i].clone(), g.per_device()[i].clone())
-        })
+        batch_map_grad::<B>(x, grad, B::adaptive_avg_pool2d_backward)
     }
     fn max_pool2d(
         x: FloatTensor<Self>,
@@ -377,10 +378,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         d: [usize; 2],
         ceil: bool,
     ) -> FloatTensor<Self> {
-        let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-        run_batch::<B>(&x, true, |i| {
-            B::max_pool2d(xs.per_device()[i].clone(), k, s, p, d, ceil)
-        })
+        batch_map::<B>(x, |x| B::max_pool2d(x, k, s, p, d, ceil))
     }
     fn max_pool2d_with_indices(
         x: FloatTensor<Self>,
@@ -444,10 +442,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         output_size: [usize; 2],
         options: InterpolateOptions,
     ) -> FloatTensor<Self> {
-        let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-        run_batch::<B>(&x, true, |i| {
-            B::interpolate(xs.per_device()[i].clone(), output_size, options.clone())
-        })
+        batch_map::<B>(x, |x| B::interpolate(x, output_size, options.clone()))
     }
     fn interpolate_backward(
         x: FloatTensor<Self>,
@@ -455,15 +450,8 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         output_size: [usize; 2],
         options: InterpolateOptions,
     ) -> FloatTensor<Self> {
-        let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-        let g = prep::<B, FloatKind>(grad, &x.layout, true);
-        run_batch::<B>(&x, true, |i| {
-            B::interpolate_backward(
-                xs.per_device()[i].clone(),
-                g.per_device()[i].clone(),
-                output_size,
-                options.clone(),
-            )
+        batch_map_grad::<B>(x, grad, |x, g| {
+            B::interpolate_backward(x, g, output_size, options.clone())
         })
     }
     /// The rule `rules::module::embedding`: the lookup of each device's own ids (in
