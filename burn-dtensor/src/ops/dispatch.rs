@@ -351,9 +351,10 @@ pub fn run_n<B: Backend, K: Kind<B>, KO: Kind<B>>(
 /// The batch-parallel form of the executor, for module ops (conv, pooling, interpolate,
 /// attention; see [`crate::rules::module`]) whose per-shard output shape only the inner op knows:
 /// `f(i)` runs the op for position `i` on operands the caller laid out with
-/// [`batch_parallel`](crate::rules::module::batch_parallel) (dim 0 as `x`'s, all else whole);
-/// the output is sharded on dim 0 like `x` (or replicated when `batched_out` is false), with the
-/// global batch `x.shape[0]`. Replicas compute once ([`dedupe_plan`]) and large shards run on
+/// [`batch_parallel`](crate::rules::module::batch_parallel) (dim 0 as `x`'s, all else whole),
+/// `xs` the main input so laid out (its shards say which positions hold an empty batch, and
+/// which compute the same values); the output is sharded on dim 0 like `xs` (or replicated when
+/// `batched_out` is false), with the global batch `xs.shape[0]`. Replicas compute once ([`dedupe_plan`]) and large shards run on
 /// worker threads ([`par_min`]), as for every other op.
 ///
 /// **Empty shards** are handled here, once for every batch-parallel op: a device whose chunk of
@@ -363,17 +364,20 @@ pub fn run_n<B: Backend, K: Kind<B>, KO: Kind<B>>(
 /// per-shard output with its dim 0 cut to 0. When every shard is empty (a global batch of 0)
 /// the op runs as on one device.
 pub(crate) fn run_batch_with<B: Backend, R: TensorMetadata + Clone + Send>(
-    x: &DTensor<B::FloatTensorPrimitive>,
+    xs: &DTensor<B::FloatTensorPrimitive>,
     batched_out: bool,
     empty: impl Fn(&R) -> R,
     f: impl Fn(usize) -> R + Sync,
 ) -> DTensor<R> {
     use crate::tensor::FloatKind;
-    let s = crate::rules::module::batch_parallel(&x.layout, &[true], &[x.shape.len()], 0);
-    let xs = execute::<B, FloatKind>(x.clone(), &s.inputs[0]);
+    debug_assert_eq!(
+        *xs.layout,
+        crate::rules::module::batch_parallel(&xs.layout, &[true], &[xs.shape.len()], 0).inputs[0],
+        "run_batch_with: the caller lays the input out batch-parallel first"
+    );
     let xl = xs.layout.clone();
     let plan = plan_for::<B, FloatKind>(xs.per_device(), &[&xl]);
-    let is_empty = |i: usize| x.shape.first().is_some_and(|&n| n > 0) && xs.local_shape(i)[0] == 0;
+    let is_empty = |i: usize| xs.shape.first().is_some_and(|&n| n > 0) && xs.local_shape(i)[0] == 0;
     let positions: Vec<usize> = (0..plan.len()).collect();
     let computed = run_each(
         positions,
@@ -395,7 +399,7 @@ pub(crate) fn run_batch_with<B: Backend, R: TensorMetadata + Clone + Send>(
     let mut shape = some.shape().to_vec();
     let mut layout = Layout::replicated_on(&xl.mesh, shape.len());
     if batched_out && !shape.is_empty() {
-        shape[0] = x.shape[0];
+        shape[0] = xs.shape[0];
         layout.dims[0] = xl.dims.first().copied().flatten();
     }
     DTensor::from_parts(shape, layout, shards)

@@ -49,8 +49,9 @@ fn batch_map<B: Backend>(
     x: FT<B>,
     f: impl Fn(B::FloatTensorPrimitive) -> B::FloatTensorPrimitive + Sync,
 ) -> FT<B> {
-    let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-    run_batch::<B>(&x, true, |i| f(xs.per_device()[i].clone()))
+    let xl = x.layout.clone();
+    let xs = prep::<B, FloatKind>(x, &xl, true);
+    run_batch::<B>(&xs, true, |i| f(xs.per_device()[i].clone()))
 }
 
 /// [`batch_map`] for a backward pass: `f` gets each device's shards of `x` and of the output
@@ -60,9 +61,10 @@ fn batch_map_grad<B: Backend>(
     grad: FT<B>,
     f: impl Fn(B::FloatTensorPrimitive, B::FloatTensorPrimitive) -> B::FloatTensorPrimitive + Sync,
 ) -> FT<B> {
-    let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-    let g = prep::<B, FloatKind>(grad, &x.layout, true);
-    run_batch::<B>(&x, true, |i| {
+    let xl = x.layout.clone();
+    let xs = prep::<B, FloatKind>(x, &xl, true);
+    let g = prep::<B, FloatKind>(grad, &xl, true);
+    run_batch::<B>(&xs, true, |i| {
         f(xs.per_device()[i].clone(), g.per_device()[i].clone())
     })
 }
@@ -151,10 +153,10 @@ macro_rules! batch_op {
             options: $opts,
         ) -> FloatTensor<Self> {
             let xl = x.layout.clone();
-            let xs = prep::<B, FloatKind>(x.clone(), &xl, true);
+            let xs = prep::<B, FloatKind>(x, &xl, true);
             let w = prep::<B, FloatKind>(weight, &xl, false);
             let b = opt::<B>(bias, &xl);
-            run_batch::<B>(&x, true, |i| {
+            run_batch::<B>(&xs, true, |i| {
                 B::$name(
                     xs.per_device()[i].clone(),
                     w.per_device()[i].clone(),
@@ -255,12 +257,12 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         options: DeformConvOptions<2>,
     ) -> FloatTensor<Self> {
         let xl = x.layout.clone();
-        let xs = prep::<B, FloatKind>(x.clone(), &xl, true);
+        let xs = prep::<B, FloatKind>(x, &xl, true);
         let off = prep::<B, FloatKind>(offset, &xl, true);
         let m = mask.map(|m| prep::<B, FloatKind>(m, &xl, true));
         let w = prep::<B, FloatKind>(weight, &xl, false);
         let b = opt::<B>(bias, &xl);
-        run_batch::<B>(&x, true, |i| {
+        run_batch::<B>(&xs, true, |i| {
             B::deform_conv2d(
                 xs.per_device()[i].clone(),
                 off.per_device()[i].clone(),
@@ -388,14 +390,15 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         d: [usize; 2],
         ceil: bool,
     ) -> MaxPool2dWithIndices<Self> {
-        let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
+        let xl = x.layout.clone();
+        let xs = prep::<B, FloatKind>(x, &xl, true);
         let empty = |p: &Pair<_, _>| {
             Pair(
                 empty_batch::<B, FloatKind>(&p.0),
                 empty_batch::<B, IntKind>(&p.1),
             )
         };
-        let both = run_batch_with::<B, _>(&x, true, empty, |i| {
+        let both = run_batch_with::<B, _>(&xs, true, empty, |i| {
             let r = B::max_pool2d_with_indices(xs.per_device()[i].clone(), k, s, p, d, ceil);
             Pair(r.output, r.indices)
         });
@@ -420,10 +423,11 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         output_grad: FloatTensor<Self>,
         indices: IntTensor<Self>,
     ) -> MaxPool2dBackward<Self> {
-        let xs = prep::<B, FloatKind>(x.clone(), &x.layout, true);
-        let g = prep::<B, FloatKind>(output_grad, &x.layout, true);
-        let ix = prep::<B, IntKind>(indices, &x.layout, true);
-        MaxPool2dBackward::new(run_batch::<B>(&x, true, |i| {
+        let xl = x.layout.clone();
+        let xs = prep::<B, FloatKind>(x, &xl, true);
+        let g = prep::<B, FloatKind>(output_grad, &xl, true);
+        let ix = prep::<B, IntKind>(indices, &xl, true);
+        MaxPool2dBackward::new(run_batch::<B>(&xs, true, |i| {
             B::max_pool2d_with_indices_backward(
                 xs.per_device()[i].clone(),
                 k,
@@ -565,7 +569,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
     ) -> FloatTensor<Self> {
         let ql = query.layout.clone();
         let n = query.shape[0];
-        let q = prep::<B, FloatKind>(query.clone(), &ql, true);
+        let q = prep::<B, FloatKind>(query, &ql, true);
         let k = prep::<B, FloatKind>(key, &ql, true);
         let v = prep::<B, FloatKind>(value, &ql, true);
         let m = mask.map(|m| {
@@ -576,7 +580,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
             let b = t.shape[0] == n;
             prep::<B, FloatKind>(t, &ql, b)
         });
-        run_batch::<B>(&query, true, |i| {
+        run_batch::<B>(&q, true, |i| {
             B::attention(
                 q.per_device()[i].clone(),
                 k.per_device()[i].clone(),
