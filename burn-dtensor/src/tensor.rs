@@ -28,6 +28,12 @@ pub struct DTensor<P> {
     /// Allocated only for partial layouts (the others have nothing to memoise). A cache of the
     /// value, not a state: every reader may ignore it.
     pub(crate) reduced: Option<Arc<OnceLock<Box<DTensor<P>>>>>,
+    /// Where a pending sum settles when a consumer needs its value: the layout with the dims
+    /// that an operand of the additive op that made it sharded over the pending axes (a
+    /// sequence-sharded residual plus a row-parallel output: a reduce-scatter, not an
+    /// all-reduce). Set only on partial tensors of that origin; `None` settles to
+    /// [`Layout::without_partial`]. See `rules::pointwise::nary`.
+    pub(crate) settle_to: Option<Arc<Layout>>,
     /// Which logical value this is: fresh for every op's output, shared by clones and by the
     /// same value in another state (see [`DTensor::with_shards`]). The key of
     /// `redistribute::reuse`'s memo of the last all-gather.
@@ -103,6 +109,7 @@ impl<P> DTensor<P> {
             layout,
             shards,
             reduced,
+            settle_to: None,
             id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
     }

@@ -1496,6 +1496,52 @@ fn scatter_into_replicated_zeros_keeps_the_index_sharding() {
 /// On a virtual mesh, tensors are held stacked (one inner primitive with the mesh axes leading)
 /// and ops run once on the stack; switched off, they run per device. Both give the oracle's
 /// values and record the same communication.
+/// A sequence-parallel block's input gradient: the residual's gradient, sharded over `y` on the
+/// sequence, plus the query, key and value input gradients, pending sums over `y`, in any order
+/// of addition (autodiff's). The sums are added pending (the sharded term joins with its chunk
+/// at its offset, zeros elsewhere) and settle once, by one reduce-scatter onto the residual's
+/// sharding, where a consumer needs the value: Megatron-SP's one reduce-scatter, not one per
+/// pending term. Stacked and per device; values against NdArray on the whole tensors.
+#[test]
+fn sharded_plus_pending_sums_settle_by_one_reduce_scatter() {
+    let shape = [8, 6];
+    let d: Vec<TensorData> = (0..4).map(|i| data(&shape, 10 + i)).collect();
+    let want = || {
+        let o: Vec<Tensor<N, 2>> = d.iter().map(orc::<2>).collect();
+        (o[0].clone() + o[1].clone() + o[2].clone() + o[3].clone()).exp()
+    };
+    for i in [5, 5 + MESHES.len()] {
+        let m = mesh(i); // x=2, y=4
+        let sharded = Layout::new(&m, ["y", "unsharded"]).unwrap();
+        let pending = Layout::new(&m, ["unsharded", "unsharded"])
+            .unwrap()
+            .with_partial(1, ReduceOp::Sum);
+        // The residual's gradient first (autodiff's usual order), then in the middle.
+        for at in [0, 2] {
+            let mut terms: Vec<Tensor<DB, 2>> =
+                (1..4).map(|j| dist::<2>(&d[j], &pending)).collect();
+            terms.insert(at, dist::<2>(&d[0], &sharded));
+            let (y, log) = record_comms(|| {
+                let sum = terms.into_iter().reduce(|a, b| a + b).unwrap();
+                let y = sum.clone().exp();
+                // A second consumer of the same sum: the settled value is shared.
+                let z = sum.mul_scalar(2.0);
+                (y, z)
+            });
+            let ctx = format!("mesh {i}, sharded term at {at}: {log}");
+            assert_eq!(log.events.len(), 1, "{ctx}");
+            let e = &log.events[0];
+            assert_eq!(
+                (e.kind, e.axis.as_str(), e.shape.as_slice()),
+                (CollectiveKind::ReduceScatter, "y", &shape[..]),
+                "{ctx}"
+            );
+            assert_eq!(y.0.layout(), sharded, "{ctx}");
+            check(&format!("sum then exp, {ctx}"), y.0, want());
+        }
+    }
+}
+
 #[test]
 fn stacked_and_per_device_forms_agree() {
     let (dx, dw) = (data(&[8, 6], 1), data(&[6, 4], 2));

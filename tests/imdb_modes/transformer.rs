@@ -155,10 +155,12 @@ fn communication_of_each_mode() {
             // into the sequence-sharded residual: 2 + 2, Megatron-SP's count. Backward: each
             // row-parallel linear all-gathers its output gradient once for its input and weight
             // gradients (2), each sublayer re-gathers its input for the column-parallel weight
-            // gradients (2, as Megatron-SP recomputes its all-gather), and each column-parallel
-            // linear's input gradient is reduce-scattered as autodiff adds it to the residual's
-            // (4: Megatron-SP's 2, plus key and value, added one at a time). No all-reduce of
-            // an activation, no all-to-all.
+            // gradients (2, as Megatron-SP recomputes its all-gather), and each sublayer's input
+            // gradient is reduce-scattered once (2, Megatron-SP's count): autodiff adds the
+            // query, key and value input gradients (pending sums) to the residual's
+            // (sequence-sharded) one at a time, and the sum stays pending until the layer
+            // norm's backward reads it (`Step::PadPartial`, `DTensor::settle_to`). No
+            // all-reduce of an activation, no all-to-all.
             TfMode::TpSp => {
                 let act = |kind: CollectiveKind| {
                     let acts: Vec<_> = s
@@ -176,7 +178,7 @@ fn communication_of_each_mode() {
                     acts.len()
                 };
                 assert_eq!(act(CollectiveKind::AllGather), 2 + 2 + 2 + 1);
-                assert_eq!(act(CollectiveKind::ReduceScatter), 1 + 2 + 4);
+                assert_eq!(act(CollectiveKind::ReduceScatter), 1 + 2 + 2);
                 assert_eq!(act(CollectiveKind::AllReduce), 0);
                 assert_eq!(count(&s, CollectiveKind::AllToAll, "model"), 0);
                 // Everything else over `model`, exactly: the token ids gathered over the

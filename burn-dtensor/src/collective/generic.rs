@@ -456,3 +456,20 @@ pub fn local_chunk<B: Backend, K: Kind<B>>(
         );
     }
 }
+
+/// No communication: each device writes its chunk of `dim` (whole size `n`) at its offset into
+/// zeros of the whole dim, turning a dim sharded over `axis` into a pending sum over it (see
+/// `Step::PadPartial` in `redistribute/plan.rs`).
+pub fn pad_partial<B: Backend, K: Kind<B>>(
+    shards: &mut [K::P],
+    topo: &MeshTopology,
+    axis: usize,
+    dim: usize,
+    n: usize,
+) {
+    let k = topo.axis_size(axis);
+    for (i, s) in shards.iter_mut().enumerate() {
+        let r = chunk(n, k, topo.coord(topo.global(i), axis));
+        *s = super::stacked::pad_dim::<B, K>(s.clone(), dim, r.start, n - r.end);
+    }
+}

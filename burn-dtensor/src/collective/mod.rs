@@ -36,4 +36,4 @@ pub mod nccl;
 pub(crate) mod nccl_process;
 pub mod stacked;
 
-pub use generic::{all_gather, all_reduce, all_to_all, local_chunk, reduce_scatter};
+pub use generic::{all_gather, all_reduce, all_to_all, local_chunk, pad_partial, reduce_scatter};

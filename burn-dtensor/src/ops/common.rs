@@ -31,7 +31,35 @@ pub fn same_mesh(a: &Layout, b: &Layout) {
 /// views) then produce a settled result instead of a new partial that a later consumer would
 /// reduce a second time (e.g. BatchNorm's batch mean, reduced for the normalisation, then
 /// scaled for the running mean).
-fn settled<P: Clone>(t: DTensor<P>) -> DTensor<P> {
+///
+/// A pending sum with a settle layout (`DTensor::settle_to`: a sharded operand of the additive op
+/// that made it) is settled there now, once (memoised): only additive ops keep it pending
+/// ([`binary`]), every other op reads it settled as its producer's operand was.
+fn settled<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> {
+    match t.reduced.as_ref().and_then(|r| r.get()) {
+        Some(r) if t.layout.is_partial() => r.as_ref().clone(),
+        _ => settle_hinted::<B, K>(t),
+    }
+}
+
+/// A pending sum with a settle layout (`DTensor::settle_to`) settled there (memoised), before a
+/// rule reads its layout; any other tensor unchanged. For the ops that do not call [`settled`]
+/// (reductions over a dim, matmul, the module ops): their rules would otherwise see a
+/// replicated pending sum and ask for it whole.
+pub fn settle_hinted<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> {
+    match &t.settle_to {
+        Some(to) if t.layout.is_partial() => {
+            let to = to.clone();
+            crate::redistribute::redistribute::<B, K>(t, &to)
+                .unwrap_or_else(|e| panic!("burn-dtensor: {e}"))
+        }
+        _ => t,
+    }
+}
+
+/// [`settled`] for the operands of an additive op: the memoised value where there is one, a
+/// pending sum with a settle layout kept pending (the op may add to the sum).
+fn settled_memo<P: Clone>(t: DTensor<P>) -> DTensor<P> {
     match t.reduced.as_ref().and_then(|r| r.get()) {
         Some(r) if t.layout.is_partial() => r.as_ref().clone(),
         _ => t,
@@ -39,22 +67,39 @@ fn settled<P: Clone>(t: DTensor<P>) -> DTensor<P> {
 }
 
 /// A deferred partial operand (see [`crate::tensor::Deferred`]) of an additive op that keeps
-/// its sum pending: its reduced value on each pending axis' first member and zeros on the
-/// others (the same pending sum). Reading its shards instead would compute the per-shard
-/// products, and their sum rounds differently from the one contraction over the whole dim that
-/// the reduced value is; a multi-process mesh computes that whole contraction there
-/// (`rules::matmul::gathered_contraction`), so with this one process and several agree bitwise
-/// (a transformer's row-parallel output plus its bias, or `r + g_q + g_k + g_v`), and the
-/// per-shard products are never computed.
-fn deferred_on_first_member<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> {
+/// its sum pending, as that same pending sum built from its reduced value: on each pending axis
+/// the value sits on the axis' first member, zeros on the others; or, where the sum settles into
+/// a dim sharded over the axis (`settle`, see `DTensor::settle_to`), each member holds its chunk
+/// of that dim at its offset (zeros elsewhere). Reading its shards instead would compute the
+/// per-shard products, and their sum rounds differently from the one contraction over the whole
+/// dim that the reduced value is; a multi-process mesh computes that whole contraction there
+/// (`rules::matmul::gathered_contraction`), settled, and adds it to the sharded operand chunk by
+/// chunk: placing each chunk on the member that settles it keeps every element's terms on one
+/// member in the order autodiff adds them (`r + g_q + g_k + g_v`), so one process and several
+/// agree bitwise, and the per-shard products are never computed.
+fn deferred_placed<B: Backend, K: Kind<B>>(
+    t: DTensor<K::P>,
+    settle: Option<&Layout>,
+) -> DTensor<K::P> {
+    use crate::collective::stacked;
     let crate::tensor::Shards::Deferred(d) = &t.shards else {
         return t;
     };
     let topo = t.layout.mesh.clone();
     let mut x = d.reduced.clone();
+    let held = t.layout.without_partial();
     for (a, op) in t.layout.partial.iter().enumerate() {
-        if let Some(op) = *op {
-            x = crate::collective::stacked::make_partial::<B, K>(x, &topo, a, op);
+        let Some(op) = *op else { continue };
+        match settle.and_then(|h| h.axis_dim(a)) {
+            Some(dim)
+                if op == crate::ReduceOp::Sum
+                    && held.dims[dim].is_none()
+                    && t.shape[dim] % topo.axis_size(a) == 0 =>
+            {
+                x = stacked::local_chunk::<B, K>(x, &topo, a, dim);
+                x = stacked::pad_partial::<B, K>(x, &topo, a, dim);
+            }
+            _ => x = stacked::make_partial::<B, K>(x, &topo, a, op),
         }
     }
     stack::output(t.shape.clone(), (*t.layout).clone(), x)
@@ -69,7 +114,7 @@ pub fn unary<B: Backend, KI: Kind<B>, KO: Kind<B>>(
     if is_solo(&t) {
         return solo_map(t, f);
     }
-    let t = settled(t);
+    let t = settled::<B, KI>(t);
     let s = rules::pointwise::unary(&t.layout, lin);
     let shape = t.shape.clone();
     run1::<B, KI, KO>(t, &s, shape, true, |_, x| f(x))
@@ -86,18 +131,31 @@ pub fn binary<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
     if is_solo(&a) {
         return solo_map(a, |x| f(x, only(b)));
     }
-    let (a, b) = (settled(a), settled(b));
+    let (mut a, mut b) = (settled_memo(a), settled_memo(b));
     let out = broadcast_shape(&[&a.shape, &b.shape]);
-    let s = nary(&[(&a.layout, &a.shape), (&b.layout, &b.shape)], &out, lin);
+    let mut s = nary(&[(&a.layout, &a.shape), (&b.layout, &b.shape)], &out, lin);
+    if !s.output.is_partial() && (a.settle_to.is_some() || b.settle_to.is_some()) {
+        // The sum does not stay pending: its operands settle where their producers said.
+        (a, b) = (settled::<B, K1>(a), settled::<B, K2>(b));
+        s = nary(&[(&a.layout, &a.shape), (&b.layout, &b.shape)], &out, lin);
+    }
+    let hint = rules::pointwise::settle_layout(
+        &[
+            (&a.layout, &a.shape, a.settle_to.as_deref()),
+            (&b.layout, &b.shape, b.settle_to.as_deref()),
+        ],
+        &s.output,
+        &out,
+    );
     let (a, b) = if s.output.is_partial() {
         (
-            deferred_on_first_member::<B, K1>(a),
-            deferred_on_first_member::<B, K2>(b),
+            deferred_placed::<B, K1>(a, hint.as_ref()),
+            deferred_placed::<B, K2>(b, hint.as_ref()),
         )
     } else {
         (a, b)
     };
-    run2::<B, K1, K2, KO>(a, b, &s, out, true, |at, x, y| {
+    let mut r = run2::<B, K1, K2, KO>(a, b, &s, out, true, |at, x, y| {
         if !matches!(at, At::Stacked(_)) {
             return f(x, y);
         }
@@ -113,7 +171,9 @@ pub fn binary<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
         } else {
             KO::reshape(r, shape.into())
         }
-    })
+    });
+    r.settle_to = hint.map(std::sync::Arc::new);
+    r
 }
 
 /// Element-wise binary op that also needs `dims` whole (cross product).
@@ -152,6 +212,7 @@ pub fn mask_where<B: Backend, K: Kind<B>, KM: Kind<B>>(
     if is_solo(&t) {
         return solo_map(t, |x| f(x, only(mask), only(value)));
     }
+    let (t, value) = (settle_hinted::<B, K>(t), settle_hinted::<B, K>(value));
     let out = broadcast_shape(&[&t.shape, &mask.shape, &value.shape]);
     let s = nary(
         &[
@@ -192,6 +253,7 @@ pub fn along<B: Backend, KI: Kind<B>, KO: Kind<B>>(
     if is_solo(&t) {
         return solo_map(t, f);
     }
+    let t = settle_hinted::<B, KI>(t);
     let s = rules::along_dims(&t.layout, dims);
     run1::<B, KI, KO>(t, &s, shape, false, |_, x| f(x))
 }
@@ -221,7 +283,7 @@ pub fn reduce_all<B: Backend, K: Kind<B>>(
     if is_solo(&t) {
         return solo_map(t, f);
     }
-    let t = settled(t);
+    let t = settled::<B, K>(t);
     let s = reduce::reduce_all(&t.layout, &t.shape, op);
     run1::<B, K, K>(t, &s, vec![1], true, |at, x| match at {
         At::Device(_) => f(x),
@@ -284,6 +346,7 @@ where
     if is_solo(&lhs) {
         return solo_map(lhs, |x| f(x, only(rhs)));
     }
+    let (lhs, rhs) = (settle_hinted::<B, K>(lhs), settle_hinted::<B, K>(rhs));
     let s = rules::matmul::matmul(&lhs.layout, &lhs.shape, &rhs.layout, &rhs.shape, keep);
     let r = lhs.shape.len();
     let bcast = |a: usize, b: usize| if a == 1 { b } else { a };
@@ -371,7 +434,7 @@ pub fn permute<B: Backend, K: Kind<B>>(t: DTensor<K::P>, axes: &[usize]) -> DTen
     if is_solo(&t) {
         return solo_map(t, |x| K::permute(x, axes));
     }
-    let t = settled(t);
+    let t = settled::<B, K>(t);
     let s = view::permute(&t.layout, axes);
     let shape = axes.iter().map(|&a| t.shape[a]).collect();
     run1::<B, K, K>(t, &s, shape, true, |at, x| K::permute(x, &at.axes(axes)))
@@ -389,7 +452,7 @@ pub fn reshape<B: Backend, K: Kind<B>>(t: DTensor<K::P>, new: Vec<usize>) -> DTe
     if is_solo(&t) {
         return solo_map(t, |x| K::reshape(x, new.into()));
     }
-    let t = settled(t);
+    let t = settled::<B, K>(t);
     if t.shape == new {
         return t;
     }
@@ -409,7 +472,7 @@ pub fn expand<B: Backend, K: Kind<B>>(
     if is_solo(&t) {
         return solo_map(t, |x| f(x, new.into()));
     }
-    let t = settled(t);
+    let t = settled::<B, K>(t);
     let s = view::expand(&t.layout, &t.shape, &new);
     let out = s.output.clone();
     let added = new.len() - t.shape.len();
@@ -467,7 +530,7 @@ pub fn slice<B: Backend, K: Kind<B>>(t: DTensor<K::P>, slices: &[Slice]) -> DTen
     if is_solo(&t) {
         return solo_map(t, |x| K::slice(x, slices));
     }
-    let t = settled(t);
+    let t = settled::<B, K>(t);
     let s = index::slice(&t.layout, &t.shape, slices);
     let shape = t
         .shape

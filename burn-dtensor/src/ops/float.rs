@@ -204,12 +204,14 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
         c::fallback1::<B, F, F>(t, B::float_prod)
     }
     fn float_sum_dim(t: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
+        let t = c::settle_hinted::<B, F>(t);
         let s = reduce::sum_dim(&t.layout, dim);
         c::reduce_dim::<B, F>(t, s, dim, B::float_sum_dim)
     }
     /// Exact on uneven shards: over a sharded dim, each shard sums locally and divides by the
     /// *global* size, leaving a partial sum.
     fn float_mean_dim(t: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
+        let t = c::settle_hinted::<B, F>(t);
         let s = reduce::sum_dim(&t.layout, dim);
         let n = t.shape[dim] as f64;
         if s.inputs[0].dims[dim].is_some() {

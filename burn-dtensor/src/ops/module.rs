@@ -213,6 +213,10 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         output_grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         let weight = weight_grads::weight_of(x.id);
+        let (x, output_grad) = (
+            c::settle_hinted::<B, FloatKind>(x),
+            c::settle_hinted::<B, FloatKind>(output_grad),
+        );
         let r = x.shape.len();
         // Redistribute `x` itself (not a fresh transposed copy) to what the matmul needs, so
         // that the query, key and value weight gradients of one input share one all-gather
@@ -523,6 +527,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
                 B::embedding_backward(w, only(output_grad), only(indices))
             });
         }
+        let output_grad = c::settle_hinted::<B, FloatKind>(output_grad);
         let s = module::embedding_backward(
             &weights.layout,
             &weights.shape,

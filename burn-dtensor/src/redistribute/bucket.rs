@@ -7,7 +7,7 @@
 //!
 //! What a bucket may hold ([`bucketable`]): a partial tensor held per device (or stacked on a
 //! multi-process mesh, sliced per position for the bucket) whose settled layout shards no dim (every shard is the whole tensor: a data-parallel gradient) and whose reduction
-//! is not memoised yet. Every member of one bucket has the same mesh, the same pending
+//! is not memoised yet, nor set to settle into a sharded layout (`DTensor::settle_to`). Every member of one bucket has the same mesh, the same pending
 //! reductions and the same dtype ([`Key`]). The reduction is element-wise, so each element is
 //! reduced from the same shard values in the same order as it would be alone: the ordered
 //! reduction gives the bits of the tensors settled one by one (tested), and the communication
@@ -36,12 +36,13 @@ pub fn bucketable<P: TensorMetadata>(t: &DTensor<P>) -> Option<Key> {
         && t.layout.dims.iter().all(Option::is_none)
         && (matches!(t.shards, Shards::PerDevice(_))
             || (t.layout.mesh.multi && matches!(t.shards, Shards::Stacked(_))))
-        && !memoised)
-        .then(|| Key {
-            mesh: t.layout.mesh.id,
-            partial: t.layout.partial.clone(),
-            dtype: t.dtype(),
-        })
+        && !memoised
+        && t.settle_to.is_none())
+    .then(|| Key {
+        mesh: t.layout.mesh.id,
+        partial: t.layout.partial.clone(),
+        dtype: t.dtype(),
+    })
 }
 
 /// Settles `ts` (each [`bucketable`] with one [`Key`]) to their layouts without the pending

@@ -41,14 +41,26 @@ pub fn redistribute<B: Backend, K: Kind<B>>(
     } else {
         t
     };
-    let reduces_all = t.layout.is_partial()
-        && steps
-            .iter()
-            .all(|s| !matches!(s, Step::ReduceScatter { .. }))
-        && !to.is_partial();
+    // A pending sum with a settle layout (see `DTensor::settle_to`) settles there first, once
+    // for all its consumers, whatever they ask for.
+    let hinted = t.layout.is_partial() && !to.is_partial() && t.settle_to.is_some();
+    let reduces_all = hinted
+        || (t.layout.is_partial()
+            && steps
+                .iter()
+                .all(|s| !matches!(s, Step::ReduceScatter { .. }))
+            && !to.is_partial());
     if reduces_all {
-        let settled = t.layout.without_partial();
+        let settled = match &t.settle_to {
+            Some(l) if hinted => (**l).clone(),
+            _ => t.layout.without_partial(),
+        };
         let reduce = |t: DTensor<K::P>| {
+            let t = if t.is_stacked() && !stack::stackable(&settled, &t.shape) {
+                stack::to_per_device::<B, K>(t)
+            } else {
+                t
+            };
             let steps = plan(&t.layout, &settled).unwrap();
             run::<B, K>(t, &settled, &steps)
         };
@@ -223,6 +235,9 @@ fn run<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout, steps: &[Step]) ->
             Step::LocalChunk { axis, dim } => {
                 collective::local_chunk::<B, K>(&mut shards, &topo, axis, dim)
             }
+            Step::PadPartial { axis, dim } => {
+                collective::pad_partial::<B, K>(&mut shards, &topo, axis, dim, shape[dim])
+            }
             Step::MakePartial { axis, op } => {
                 if op == ReduceOp::Sum {
                     for (i, s) in shards.iter_mut().enumerate() {
@@ -258,6 +273,7 @@ fn run_stacked<B: Backend, K: Kind<B>>(
             }
             Step::LocalChunk { axis, dim } => c::local_chunk::<B, K>(x, &topo, axis, dim),
             Step::MakePartial { axis, op } => c::make_partial::<B, K>(x, &topo, axis, op),
+            Step::PadPartial { axis, dim } => c::pad_partial::<B, K>(x, &topo, axis, dim),
         };
     }
     stack::output(shape, to.clone(), x)

@@ -56,6 +56,17 @@ pub enum Step {
         /// The reduction.
         op: ReduceOp,
     },
+    /// Turn `dim`, sharded over the axis, into a pending sum with `dim` whole: each device
+    /// writes its chunk at its offset into zeros of the whole dim, so the sum over the axis is
+    /// the tensor. No communication (the adjoint of a reduce-scatter's local chunk; where the
+    /// target keeps the sum pending, an all-gather plus [`Step::MakePartial`] would move the
+    /// whole tensor for nothing).
+    PadPartial {
+        /// Mesh axis.
+        axis: usize,
+        /// Tensor dim that becomes whole.
+        dim: usize,
+    },
 }
 
 impl Step {
@@ -67,7 +78,8 @@ impl Step {
             | Step::AllGather { axis, .. }
             | Step::AllToAll { axis, .. }
             | Step::LocalChunk { axis, .. }
-            | Step::MakePartial { axis, .. } => axis,
+            | Step::MakePartial { axis, .. }
+            | Step::PadPartial { axis, .. } => axis,
         }
     }
 }
@@ -134,6 +146,10 @@ fn plan_uncached(from: &Layout, to: &Layout) -> Vec<Step> {
         }
         cur.dims[i] = None;
         match to.axis_dim(a) {
+            None if to.partial[a] == Some(ReduceOp::Sum) && cur.partial[a].is_none() => {
+                steps.push(Step::PadPartial { axis: a, dim: i });
+                cur.partial[a] = Some(ReduceOp::Sum);
+            }
             Some(j) if cur.dims[j].is_none() && cur.partial[a].is_none() => {
                 steps.push(Step::AllToAll {
                     axis: a,

@@ -87,13 +87,20 @@ pub fn nary(inputs: &[(&Layout, &[usize])], out_shape: &[usize], lin: Linearity)
             }
             _ => {}
         }
-        // An axis cannot be both pending and sharding a dim of the output.
-        if let Some((p, _)) = &keep
-            && p.iter()
-                .enumerate()
-                .any(|(a, x)| x.is_some() && out.axis_dim(a).is_some())
-        {
-            keep = None;
+        // An axis cannot be both pending and sharding a dim of the output: the dim is made whole
+        // and the sharded operand joins the sum with its chunk at its offset, zeros elsewhere
+        // (`Step::PadPartial`, local). `r + g_q + g_k + g_v` with `r` sequence-sharded (a
+        // sequence-parallel block's input gradient) so settles once, by one reduce-scatter
+        // into `r`'s sharding ([`settle_layout`]), where settling each addition would cost one
+        // reduce-scatter per partial operand.
+        if let Some((p, _)) = &keep {
+            for (a, x) in p.iter().enumerate() {
+                if x.is_some()
+                    && let Some(d) = out.axis_dim(a)
+                {
+                    out.dims[d] = None;
+                }
+            }
         }
     }
     let required = |i: usize| {
@@ -119,6 +126,40 @@ pub fn nary(inputs: &[(&Layout, &[usize])], out_shape: &[usize], lin: Linearity)
         inputs: ins,
         output: out,
     }
+}
+
+/// Where the pending sum of an additive op's output `out` (global shape `out_shape`) settles
+/// when a consumer needs its value: `out` without its pending reductions, each pending axis
+/// sharding the dim that an operand sharded with it (its own layout, `(layout, shape, None)`,
+/// when not partial; its settle layout, `(_, _, Some(l))`, when it has one). `None` when no
+/// operand says so (the sum then settles replicated, as any partial tensor) or `out` is not
+/// partial.
+///
+/// Settling there is a reduce-scatter of the sum where the operand was sharded before the op
+/// (Megatron-SP's one reduce-scatter per sequence-parallel region), not an all-reduce.
+pub fn settle_layout(
+    inputs: &[(&Layout, &[usize], Option<&Layout>)],
+    out: &Layout,
+    out_shape: &[usize],
+) -> Option<Layout> {
+    if !out.is_partial() {
+        return None;
+    }
+    let mut h = out.without_partial();
+    for a in (0..out.partial.len()).filter(|&a| out.partial[a].is_some()) {
+        let from = inputs.iter().find_map(|&(l, s, hint)| match hint {
+            Some(h) => h.axis_dim(a),
+            None if !l.is_partial() => l.axis_dim(a).filter(|&j| s[j] == out_shape[j]),
+            None => None,
+        });
+        if let Some(j) = from
+            && h.dims[j].is_none()
+            && h.axis_dim(a).is_none()
+        {
+            h.dims[j] = Some(a);
+        }
+    }
+    (h != out.without_partial()).then_some(h)
 }
 
 /// Broadcast output shape of same-rank shapes (NumPy rules).
