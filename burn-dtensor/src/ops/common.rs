@@ -36,10 +36,7 @@ pub fn same_mesh(a: &Layout, b: &Layout) {
 /// that made it) is settled there now, once (memoised): only additive ops keep it pending
 /// ([`binary`]), every other op reads it settled as its producer's operand was.
 fn settled<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> {
-    match t.reduced.as_ref().and_then(|r| r.get()) {
-        Some(r) if t.layout.is_partial() => r.as_ref().clone(),
-        _ => settle_hinted::<B, K>(t),
-    }
+    settle_hinted::<B, K>(settled_memo(t))
 }
 
 /// A pending sum with a settle layout (`DTensor::settle_to`) settled there (memoised), before a

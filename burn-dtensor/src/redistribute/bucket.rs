@@ -6,9 +6,10 @@
 //! barrier, a poll), so six small gradients cost six latencies where one bucket costs one.
 //!
 //! What a bucket may hold ([`bucketable`]): a partial tensor held per device (or stacked on a
-//! multi-process mesh, sliced per position for the bucket) whose settled layout shards no dim (every shard is the whole tensor: a data-parallel gradient) and whose reduction
-//! is not memoised yet, nor set to settle into a sharded layout (`DTensor::settle_to`). Every member of one bucket has the same mesh, the same pending
-//! reductions and the same dtype ([`Key`]). The reduction is element-wise, so each element is
+//! multi-process mesh, sliced per position for the bucket) whose settled layout shards no dim
+//! (every shard is the whole tensor: a data-parallel gradient), whose reduction is not memoised
+//! yet, and which is not set to settle into a sharded layout (`DTensor::settle_to`). Every member
+//! of one bucket has the same mesh, the same pending reductions and the same dtype ([`Key`]). The reduction is element-wise, so each element is
 //! reduced from the same shard values in the same order as it would be alone: the ordered
 //! reduction gives the bits of the tensors settled one by one (tested), and the communication
 //! accounting records one all-reduce of the bucket's bytes (the members' bytes summed).
