@@ -2,13 +2,13 @@
 //! device, plus [`Kind`], the handful of inner ops (slice, cat, reduce, move) that
 //! redistribution and collectives need, implemented once per tensor kind (float, int, bool).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{BoolTensor, FloatTensor, IntTensor};
 use burn::tensor::{DType, Shape, Slice, TensorData, TensorMetadata};
 
-use crate::layout::{Layout, ReduceOp};
+use crate::layout::{Layout, Partials, ReduceOp};
 
 /// A distributed tensor: global `shape`, its `layout` on a mesh, and its shard values in one of
 /// the states of [`Shards`] (per device, stacked, or stacked with deferred partial products).
@@ -24,10 +24,11 @@ pub struct DTensor<P> {
     /// Where the shard values are: the tensor's one piece of state.
     pub(crate) shards: Shards<P>,
     /// Memoised reduction of a partial tensor, shared by clones, so that two consumers of one
-    /// partial result (say a gradient used twice by Adam) trigger one all-reduce, not two.
+    /// partial result (say a gradient used twice by Adam) trigger one all-reduce, not two; and
+    /// the linear functions of it taken while it was pending, settled from it (see [`Memo`]).
     /// Allocated only for partial layouts (the others have nothing to memoise). A cache of the
     /// value, not a state: every reader may ignore it.
-    pub(crate) reduced: Option<Arc<OnceLock<Box<DTensor<P>>>>>,
+    pub(crate) reduced: Option<Arc<Memo<P>>>,
     /// Where a pending sum settles when a consumer needs its value: the layout with the dims
     /// that an operand of the additive op that made it sharded over the pending axes (a
     /// sequence-sharded residual plus a row-parallel output: a reduce-scatter, not an
@@ -38,6 +39,165 @@ pub struct DTensor<P> {
     /// same value in another state (see [`DTensor::with_shards`]). The key of
     /// `redistribute::reuse`'s memo of the last all-gather.
     pub(crate) id: u64,
+}
+
+/// The memo of a partial tensor's reduction (see [`DTensor`]'s `reduced`), and the tensors
+/// derived from it by linear ops while it was still pending.
+///
+/// A pending sum `x` may feed a linear op `f` (a sum over a dim, a view, an embedding's
+/// backward) before another consumer settles it: `f(x)` is then a pending sum of its own, and
+/// settling it would be a second all-reduce of values the first one already summed (tensor
+/// parallelism: the position embedding's gradient `Σ_batch g` taken from the activation
+/// gradient `g` before the vocabulary-parallel lookup's backward all-reduces `g`; Megatron
+/// all-reduces `g` first, so its position gradient needs no communication). Each such `f(x)`
+/// registers here; when `x` settles, its settled value `s` is handed to every registered `f`
+/// still alive, and `f(s)` (local: the op on a settled input) becomes the memoised value of
+/// `f(x)`. That value may still be pending over the axes `x` was not (a sum over a dim
+/// sharded over another axis): it is the same global value with fewer pending axes, which the
+/// consumer settles as usual. The same code runs on every process count, so one process and
+/// several stay bitwise equal.
+pub(crate) struct Memo<P> {
+    value: OnceLock<Box<DTensor<P>>>,
+    derived: Mutex<Vec<Derived<P>>>,
+    /// For a derived tensor: the pending sum it comes from first (the root of its chain of
+    /// linear ops) and the whole chain as one function, so that a tensor derived from a derived
+    /// one registers with the root, which the intermediate tensors need not outlive (autodiff
+    /// drops them as soon as they are consumed).
+    origin: OnceLock<Origin<P>>,
+}
+
+/// A function from a settled value to the memoised value of a derived tensor: `None` when the
+/// result is not in the layout that memo needs (the tensor then settles by its own collective).
+pub(crate) type Apply<P> = Arc<dyn Fn(DTensor<P>) -> Option<DTensor<P>> + Send + Sync>;
+
+/// A linear function of a pending sum, taken while it was pending (see [`Memo`]).
+struct Derived<P> {
+    /// The memo of the derived tensor (weak: a derived tensor dropped unsettled needs nothing).
+    memo: Weak<Memo<P>>,
+    apply: Apply<P>,
+}
+
+/// Where a derived tensor comes from (see [`Memo`]'s `origin`).
+struct Origin<P> {
+    root: Weak<Memo<P>>,
+    /// The root's pending reductions (the derived tensor's memo is its layout without them).
+    pending: Partials,
+    apply: Apply<P>,
+}
+
+impl<P> Default for Memo<P> {
+    fn default() -> Self {
+        Self {
+            value: OnceLock::new(),
+            derived: Mutex::new(Vec::new()),
+            origin: OnceLock::new(),
+        }
+    }
+}
+
+impl<P> Memo<P> {
+    /// The memoised value, if the tensor has settled.
+    pub(crate) fn get(&self) -> Option<&DTensor<P>> {
+        self.value.get().map(|b| b.as_ref())
+    }
+    /// Whether a tensor derived from this one waits for its settled value.
+    pub(crate) fn has_derived(&self) -> bool {
+        let derived = self.derived.lock().unwrap_or_else(|e| e.into_inner());
+        derived.iter().any(|d| d.memo.strong_count() > 0)
+    }
+}
+
+impl<P: Clone + 'static> Memo<P> {
+    fn push(&self, memo: &Arc<Memo<P>>, apply: Apply<P>) {
+        let mut derived = self.derived.lock().unwrap_or_else(|e| e.into_inner());
+        derived.retain(|d| d.memo.strong_count() > 0);
+        derived.push(Derived {
+            memo: Arc::downgrade(memo),
+            apply,
+        });
+    }
+    /// Registers `out` (memo `out_memo`, layout `out_layout`) as `op` of the pending sum whose
+    /// memo is `source` (pending reductions `pending`), not settled yet: with `source`, and,
+    /// where `source` is itself derived from a root still pending, with that root through the
+    /// whole chain (see [`Memo`]).
+    pub(crate) fn derive(
+        source: &Arc<Memo<P>>,
+        pending: &Partials,
+        out_memo: &Arc<Memo<P>>,
+        out_layout: &Layout,
+        op: Arc<dyn Fn(DTensor<P>) -> DTensor<P> + Send + Sync>,
+    ) {
+        let without = |pending: &Partials| {
+            let mut to = out_layout.clone();
+            for (p, i) in to.partial.iter_mut().zip(pending) {
+                if i.is_some() {
+                    *p = None;
+                }
+            }
+            to
+        };
+        let checked = |to: Layout, op: Arc<dyn Fn(DTensor<P>) -> DTensor<P> + Send + Sync>| {
+            move |x: DTensor<P>| {
+                let y = op(x);
+                (*y.layout == to).then_some(y)
+            }
+        };
+        let direct: Apply<P> = Arc::new(checked(without(pending), op.clone()));
+        source.push(out_memo, direct.clone());
+        let mut origin = Origin {
+            root: Arc::downgrade(source),
+            pending: pending.clone(),
+            apply: direct,
+        };
+        if let Some(o) = source.origin.get()
+            && let Some(root) = o.root.upgrade()
+            && root.get().is_none()
+        {
+            let (first, then) = (o.apply.clone(), checked(without(&o.pending), op));
+            let chain: Apply<P> = Arc::new(move |x| first(x).and_then(&then));
+            root.push(out_memo, chain.clone());
+            origin = Origin {
+                root: o.root.clone(),
+                pending: o.pending.clone(),
+                apply: chain,
+            };
+        }
+        let _ = out_memo.origin.set(origin);
+    }
+    /// The memoised value, computed by `settle` if there is none yet; the first value also
+    /// settles the tensors derived from this one (recursively).
+    pub(crate) fn get_or_settle(&self, settle: impl FnOnce() -> DTensor<P>) -> &DTensor<P> {
+        let mut first = false;
+        let v = self.value.get_or_init(|| {
+            first = true;
+            Box::new(settle())
+        });
+        if first {
+            self.settle_derived(v);
+        }
+        v
+    }
+    /// Hands the settled value `v` to the tensors derived from this one (see [`Memo`]).
+    fn settle_derived(&self, v: &DTensor<P>) {
+        let derived = std::mem::take(&mut *self.derived.lock().unwrap_or_else(|e| e.into_inner()));
+        for d in derived {
+            if let Some(memo) = d.memo.upgrade()
+                && memo.get().is_none()
+                && let Some(y) = (d.apply)(v.clone())
+                && memo.value.set(Box::new(y)).is_ok()
+            {
+                memo.settle_derived(memo.get().expect("just set"));
+            }
+        }
+    }
+}
+
+impl<P> std::fmt::Debug for Memo<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Memo")
+            .field("settled", &self.value.get().is_some())
+            .finish()
+    }
 }
 
 /// The state of a [`DTensor`]'s shard values: exactly one of three forms. Every file that needs

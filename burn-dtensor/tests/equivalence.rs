@@ -1573,3 +1573,55 @@ fn stacked_and_per_device_forms_agree() {
     assert_eq!(logs[0], logs[1]);
     assert!(!logs[0].is_empty());
 }
+
+/// Linear functions of a pending sum taken before the sum settles (a sum over a dim, a view:
+/// tensor parallelism's position-embedding and layer-norm-bias gradients, summed from the
+/// activation gradient before its own consumer all-reduces it) settle from the sum's settled
+/// value: the all-reduce over `y` runs once, for the sum, and the sum over the `x`-sharded dim
+/// is left pending over `x` alone, even though its intermediate `[1, 6]` was dropped at once.
+/// Stacked and per device; values against NdArray on the whole tensors.
+#[test]
+fn linear_functions_of_a_pending_sum_settle_from_its_value() {
+    let shape = [8, 6];
+    let d: Vec<TensorData> = (0..2).map(|i| data(&shape, 40 + i)).collect();
+    let whole = || orc::<2>(&d[0]) + orc::<2>(&d[1]);
+    for i in [5, 5 + MESHES.len()] {
+        let m = mesh(i); // x=2, y=4
+        let pending = Layout::new(&m, ["x", "unsharded"])
+            .unwrap()
+            .with_partial(1, ReduceOp::Sum);
+        let (a, b) = (dist::<2>(&d[0], &pending), dist::<2>(&d[1], &pending));
+        let ((e, q, t), log) = record_comms(|| {
+            let x = a + b;
+            let q = x.clone().sum_dim(0).reshape([6]);
+            let t = x.clone().swap_dims(0, 1);
+            let e = x.exp();
+            (e, q.exp(), t.exp())
+        });
+        let ctx = format!("mesh {i}: {log}");
+        let events: Vec<_> = log
+            .events
+            .iter()
+            .map(|e| (e.kind, e.axis.as_str(), e.shape.clone()))
+            .collect();
+        assert_eq!(
+            events,
+            [
+                (CollectiveKind::AllReduce, "y", shape.to_vec()),
+                (CollectiveKind::AllReduce, "x", vec![6]),
+            ],
+            "{ctx}"
+        );
+        check(&format!("exp, {ctx}"), e, whole().exp());
+        check(
+            &format!("sum_dim, reshape, {ctx}"),
+            q,
+            whole().sum_dim(0).reshape([6]).exp(),
+        );
+        check(
+            &format!("swap_dims, {ctx}"),
+            t,
+            whole().swap_dims(0, 1).exp(),
+        );
+    }
+}

@@ -58,9 +58,41 @@ pub fn settle_hinted<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> 
 /// pending sum with a settle layout kept pending (the op may add to the sum).
 fn settled_memo<P: Clone>(t: DTensor<P>) -> DTensor<P> {
     match t.reduced.as_ref().and_then(|r| r.get()) {
-        Some(r) if t.layout.is_partial() => r.as_ref().clone(),
+        Some(r) if t.layout.is_partial() => r.clone(),
         _ => t,
     }
+}
+
+/// `op(t)` for an op linear in `t` (a sum over a dim, a view, an embedding's backward): when
+/// `t` is a pending sum not settled yet and `op` keeps its pending axes pending, the output is
+/// registered with `t`'s memo, so that when `t` settles, `op` runs on the settled value and
+/// that becomes the output's settled value: no second collective for the values `t`'s already
+/// summed (see [`crate::tensor::Memo`]). `op` must be the decorator's own op (it is run again,
+/// on the settled input, with communication only where a rule of it would communicate
+/// anyway); the registration is dropped when its result is not the output's layout without
+/// `t`'s pending axes.
+pub fn linear_in<P: Clone + Send + Sync + 'static>(
+    t: DTensor<P>,
+    op: impl Fn(DTensor<P>) -> DTensor<P> + Send + Sync + 'static,
+) -> DTensor<P> {
+    let source = match &t.reduced {
+        Some(m) if t.settle_to.is_none() && m.get().is_none() => Some(m.clone()),
+        _ => None,
+    };
+    let pending = t.layout.partial.clone();
+    let op = std::sync::Arc::new(op);
+    let out = op.as_ref()(t);
+    let (Some(source), Some(memo)) = (source, &out.reduced) else {
+        return out;
+    };
+    let keeps = pending
+        .iter()
+        .zip(&out.layout.partial)
+        .all(|(i, o)| i.is_none() || i == o);
+    if keeps && out.settle_to.is_none() && memo.get().is_none() {
+        crate::tensor::Memo::derive(&source, &pending, memo, &out.layout, op);
+    }
+    out
 }
 
 /// A deferred partial operand (see [`crate::tensor::Deferred`]) of an additive op that keeps

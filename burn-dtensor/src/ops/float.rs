@@ -122,17 +122,19 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
         c::binary_along::<B, F>(lhs, rhs, &[dim], |x, y| B::float_cross(x, y, dim))
     }
     fn float_swap_dims(t: FloatTensor<Self>, d1: usize, d2: usize) -> FloatTensor<Self> {
-        c::swap_dims::<B, F>(t, d1, d2)
+        c::linear_in(t, move |t| c::swap_dims::<B, F>(t, d1, d2))
     }
     fn float_permute(t: FloatTensor<Self>, axes: &[usize]) -> FloatTensor<Self> {
-        c::permute::<B, F>(t, axes)
+        let axes = axes.to_vec();
+        c::linear_in(t, move |t| c::permute::<B, F>(t, &axes))
     }
     fn float_flip(t: FloatTensor<Self>, axes: &[usize]) -> FloatTensor<Self> {
         let shape = t.shape.clone();
         c::along::<B, F, F>(t, axes, shape, |x| B::float_flip(x, axes))
     }
     fn float_reshape(t: FloatTensor<Self>, shape: Shape) -> FloatTensor<Self> {
-        c::reshape::<B, F>(t, shape.to_vec())
+        let shape = shape.to_vec();
+        c::linear_in(t, move |t| c::reshape::<B, F>(t, shape.clone()))
     }
     fn float_gather(dim: usize, t: FloatTensor<Self>, idx: IntTensor<Self>) -> FloatTensor<Self> {
         c::gather::<B, F, IntKind>(dim, t, idx, B::float_gather)
@@ -204,23 +206,27 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
         c::fallback1::<B, F, F>(t, B::float_prod)
     }
     fn float_sum_dim(t: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-        let t = c::settle_hinted::<B, F>(t);
-        let s = reduce::sum_dim(&t.layout, dim);
-        c::reduce_dim::<B, F>(t, s, dim, B::float_sum_dim)
+        c::linear_in(t, move |t| {
+            let t = c::settle_hinted::<B, F>(t);
+            let s = reduce::sum_dim(&t.layout, dim);
+            c::reduce_dim::<B, F>(t, s, dim, B::float_sum_dim)
+        })
     }
     /// Exact on uneven shards: over a sharded dim, each shard sums locally and divides by the
     /// *global* size, leaving a partial sum.
     fn float_mean_dim(t: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-        let t = c::settle_hinted::<B, F>(t);
-        let s = reduce::sum_dim(&t.layout, dim);
-        let n = t.shape[dim] as f64;
-        if s.inputs[0].dims[dim].is_some() {
-            c::reduce_dim::<B, F>(t, s, dim, |x, d| {
-                B::float_div_scalar(B::float_sum_dim(x, d), n.into())
-            })
-        } else {
-            c::reduce_dim::<B, F>(t, s, dim, B::float_mean_dim)
-        }
+        c::linear_in(t, move |t| {
+            let t = c::settle_hinted::<B, F>(t);
+            let s = reduce::sum_dim(&t.layout, dim);
+            let n = t.shape[dim] as f64;
+            if s.inputs[0].dims[dim].is_some() {
+                c::reduce_dim::<B, F>(t, s, dim, |x, d| {
+                    B::float_div_scalar(B::float_sum_dim(x, d), n.into())
+                })
+            } else {
+                c::reduce_dim::<B, F>(t, s, dim, B::float_mean_dim)
+            }
+        })
     }
     fn float_max_dim(t: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
         let s = reduce::extremum_dim(&t.layout, &t.shape, dim, ReduceOp::Max);

@@ -168,6 +168,57 @@ macro_rules! batch_op {
     };
 }
 
+/// The embedding table's gradient `[vocab, d]` of `output_grad` `[batch, seq, d]` (see
+/// `embedding_backward`, which wraps it to settle from a pending gradient's settled value).
+/// Only the table's layout and shape are used. With `settle`, a pending sum over an axis that
+/// shards the table is reduce-scattered onto it at once (FSDP, see `ops/weight_grads.rs`).
+fn table_gradient<B: Backend>(
+    table: &Layout,
+    shape: &[usize],
+    output_grad: FT<B>,
+    indices: IntTensor<DistributedBackend<B>>,
+    settle: bool,
+) -> FT<B> {
+    let output_grad = c::settle_hinted::<B, FloatKind>(output_grad);
+    let s = module::embedding_backward(
+        table,
+        shape,
+        &output_grad.layout,
+        &indices.layout,
+        &indices.shape,
+    );
+    let rows = vocab_rows(&s.output, shape);
+    let vocab = shape[0];
+    let table_grad = run2::<B, FloatKind, IntKind, FloatKind>(
+        output_grad,
+        indices,
+        &s,
+        shape.to_vec(),
+        false,
+        |at, g, i| {
+            let (n, d) = (rows(at).map_or(vocab, |(lo, hi)| hi - lo), g.shape()[2]);
+            let table = B::float_empty([n, d].into(), &B::float_device(&g), g.dtype().into());
+            match rows(at) {
+                None => B::embedding_backward(table, g, i),
+                Some((lo, hi)) => {
+                    let (local, outside) = local_ids::<B>(i, lo, hi);
+                    let g = zero_rows::<B>(g, outside);
+                    if hi > lo {
+                        B::embedding_backward(table, g, local)
+                    } else {
+                        table
+                    }
+                }
+            }
+        },
+    );
+    if settle {
+        settle_now::<B>(table_grad, Some(table))
+    } else {
+        table_grad
+    }
+}
+
 impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
     /// `x @ W + b` (x `[..., d_in]`, weight `[d_in, d_out]`, bias `[d_out]`; output
     /// `[..., d_out]`, global shapes) as Burn's default, the matmul under `Keep::Weight`
@@ -527,40 +578,35 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
                 B::embedding_backward(w, only(output_grad), only(indices))
             });
         }
-        let output_grad = c::settle_hinted::<B, FloatKind>(output_grad);
-        let s = module::embedding_backward(
-            &weights.layout,
-            &weights.shape,
-            &output_grad.layout,
-            &indices.layout,
-            &indices.shape,
-        );
-        let rows = vocab_rows(&s.output, &weights.shape);
-        let vocab = weights.shape[0];
-        let table_grad = run2::<B, FloatKind, IntKind, FloatKind>(
-            output_grad,
-            indices,
-            &s,
-            weights.shape.clone(),
-            false,
-            |at, g, i| {
-                let (n, d) = (rows(at).map_or(vocab, |(lo, hi)| hi - lo), g.shape()[2]);
-                let table = B::float_empty([n, d].into(), &B::float_device(&g), g.dtype().into());
-                match rows(at) {
-                    None => B::embedding_backward(table, g, i),
-                    Some((lo, hi)) => {
-                        let (local, outside) = local_ids::<B>(i, lo, hi);
-                        let g = zero_rows::<B>(g, outside);
-                        if hi > lo {
-                            B::embedding_backward(table, g, local)
-                        } else {
-                            table
-                        }
-                    }
-                }
-            },
-        );
-        settle_now::<B>(table_grad, Some(&weights.layout))
+        // Linear in the output gradient: a pending one not settled yet hands its settled value
+        // to this table gradient when it settles (see `c::linear_in`). The reduce-scatter onto
+        // an FSDP-sharded table then waits for that value (which still needs it), unless the
+        // table gradient cannot derive from it (the op itself settles the gradient's pending
+        // axes).
+        let (table, shape) = (weights.layout.clone(), weights.shape.clone());
+        drop(weights);
+        let derivable = output_grad.settle_to.is_none()
+            && output_grad
+                .reduced
+                .as_ref()
+                .is_some_and(|m| m.get().is_none());
+        if !derivable {
+            return table_gradient::<B>(&table, &shape, output_grad, indices, true);
+        }
+        let pending = output_grad.layout.partial.clone();
+        let t = table.clone();
+        let g = c::linear_in(output_grad, move |g| {
+            table_gradient::<B>(&t, &shape, g, indices.clone(), false)
+        });
+        let keeps = pending
+            .iter()
+            .zip(&g.layout.partial)
+            .all(|(i, o)| i.is_none() || i == o);
+        if keeps {
+            g
+        } else {
+            settle_now::<B>(g, Some(&table))
+        }
     }
     /// Batch-parallel over the query's dim 0; a mask or bias whose dim 0 is the batch is sharded
     /// with it, a broadcast one (dim 0 of size 1) is replicated.

@@ -33,6 +33,13 @@ pub fn redistribute<B: Backend, K: Kind<B>>(
         return Ok(t);
     }
     let steps = plan(&t.layout, to)?;
+    // A pending sum already settled (memoised, or settled from the tensor it was derived from;
+    // see `Memo`) starts from that value, whatever settled layout `to` is.
+    if !to.is_partial()
+        && let Some(v) = t.reduced.as_ref().and_then(|m| m.get())
+    {
+        return redistribute::<B, K>(v.clone(), to);
+    }
     if let Some(r) = from_reduced::<B, K>(&t, to, &steps) {
         return Ok(r);
     }
@@ -66,10 +73,13 @@ pub fn redistribute<B: Backend, K: Kind<B>>(
         };
         let reduced = match &t.reduced {
             // A clone of this tensor may settle it too: memoised, one all-reduce for both.
-            Some(memo) if Arc::strong_count(memo) > 1 || memo.get().is_some() => memo
-                .get_or_init(|| Box::new(reduce(t.clone())))
-                .as_ref()
-                .clone(),
+            // So may a tensor derived from it while it was pending (see `Memo`), settled
+            // from its value.
+            Some(memo)
+                if Arc::strong_count(memo) > 1 || memo.get().is_some() || memo.has_derived() =>
+            {
+                memo.get_or_settle(|| reduce(t.clone())).clone()
+            }
             // No clone shares the memo: the shards are moved into the reduction, which can then
             // write in place into memory no other tensor reads (`collective::across`).
             _ => reduce(t),
