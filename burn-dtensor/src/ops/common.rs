@@ -76,13 +76,13 @@ pub fn linear_in<P: Clone + Send + Sync + 'static>(
     op: impl Fn(DTensor<P>) -> DTensor<P> + Send + Sync + 'static,
 ) -> DTensor<P> {
     let source = match &t.reduced {
-        Some(m) if t.settle_to.is_none() && m.get().is_none() => Some(m.clone()),
-        _ => None,
+        Some(m) if t.settle_to.is_none() && m.get().is_none() => m.clone(),
+        _ => return op(t),
     };
     let pending = t.layout.partial.clone();
     let op = std::sync::Arc::new(op);
     let out = op.as_ref()(t);
-    let (Some(source), Some(memo)) = (source, &out.reduced) else {
+    let Some(memo) = &out.reduced else {
         return out;
     };
     let keeps = pending
