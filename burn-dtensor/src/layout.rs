@@ -201,6 +201,24 @@ impl Layout {
         l.partial.iter_mut().for_each(|p| *p = None);
         l
     }
+    /// The same layout without the pending reductions on the axes pending in `settled` (what a
+    /// consumer sees once those are reduced; the others stay pending).
+    pub(crate) fn without_partial_on(&self, settled: &Partials) -> Self {
+        let mut l = self.clone();
+        for (p, s) in l.partial.iter_mut().zip(settled) {
+            if s.is_some() {
+                *p = None;
+            }
+        }
+        l
+    }
+    /// Whether every reduction pending in `pending` is still pending here.
+    pub(crate) fn keeps_partial(&self, pending: &Partials) -> bool {
+        pending
+            .iter()
+            .zip(&self.partial)
+            .all(|(i, o)| i.is_none() || i == o)
+    }
     /// Marks mesh axis `a` as holding a pending `op` reduction.
     ///
     /// # Panics

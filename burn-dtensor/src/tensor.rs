@@ -68,7 +68,7 @@ pub(crate) struct Memo<P> {
 
 /// A function from a settled value to the memoised value of a derived tensor: `None` when the
 /// result is not in the layout that memo needs (the tensor then settles by its own collective).
-pub(crate) type Apply<P> = Arc<dyn Fn(DTensor<P>) -> Option<DTensor<P>> + Send + Sync>;
+type Apply<P> = Arc<dyn Fn(DTensor<P>) -> Option<DTensor<P>> + Send + Sync>;
 
 /// A linear function of a pending sum, taken while it was pending (see [`Memo`]).
 struct Derived<P> {
@@ -127,22 +127,14 @@ impl<P: Clone + 'static> Memo<P> {
         out_layout: &Layout,
         op: Arc<dyn Fn(DTensor<P>) -> DTensor<P> + Send + Sync>,
     ) {
-        let without = |pending: &Partials| {
-            let mut to = out_layout.clone();
-            for (p, i) in to.partial.iter_mut().zip(pending) {
-                if i.is_some() {
-                    *p = None;
-                }
-            }
-            to
-        };
         let checked = |to: Layout, op: Arc<dyn Fn(DTensor<P>) -> DTensor<P> + Send + Sync>| {
             move |x: DTensor<P>| {
                 let y = op(x);
                 (*y.layout == to).then_some(y)
             }
         };
-        let direct: Apply<P> = Arc::new(checked(without(pending), op.clone()));
+        let direct: Apply<P> =
+            Arc::new(checked(out_layout.without_partial_on(pending), op.clone()));
         source.push(out_memo, direct.clone());
         let mut origin = Origin {
             root: Arc::downgrade(source),
@@ -153,7 +145,10 @@ impl<P: Clone + 'static> Memo<P> {
             && let Some(root) = o.root.upgrade()
             && root.get().is_none()
         {
-            let (first, then) = (o.apply.clone(), checked(without(&o.pending), op));
+            let (first, then) = (
+                o.apply.clone(),
+                checked(out_layout.without_partial_on(&o.pending), op),
+            );
             let chain: Apply<P> = Arc::new(move |x| first(x).and_then(&then));
             root.push(out_memo, chain.clone());
             origin = Origin {
@@ -310,6 +305,13 @@ impl<P> DTensor<P> {
             compute: Box::new(compute),
         });
         Self::with_state(shape, Arc::new(layout), Shards::Deferred(d))
+    }
+    /// The memo of a pending sum that linear ops may derive tensors from (see [`Memo`]): not
+    /// settled yet, and with no settle layout (those are settled before any op reads them).
+    pub(crate) fn derivable(&self) -> Option<&Arc<Memo<P>>> {
+        self.reduced
+            .as_ref()
+            .filter(|m| self.settle_to.is_none() && m.get().is_none())
     }
     /// The same logical tensor in another state: keeps the memoised reduction.
     pub(crate) fn with_shards(self, shards: Shards<P>) -> Self {

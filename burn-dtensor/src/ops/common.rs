@@ -75,9 +75,8 @@ pub fn linear_in<P: Clone + Send + Sync + 'static>(
     t: DTensor<P>,
     op: impl Fn(DTensor<P>) -> DTensor<P> + Send + Sync + 'static,
 ) -> DTensor<P> {
-    let source = match &t.reduced {
-        Some(m) if t.settle_to.is_none() && m.get().is_none() => m.clone(),
-        _ => return op(t),
+    let Some(source) = t.derivable().cloned() else {
+        return op(t);
     };
     let pending = t.layout.partial.clone();
     let op = std::sync::Arc::new(op);
@@ -85,11 +84,7 @@ pub fn linear_in<P: Clone + Send + Sync + 'static>(
     let Some(memo) = &out.reduced else {
         return out;
     };
-    let keeps = pending
-        .iter()
-        .zip(&out.layout.partial)
-        .all(|(i, o)| i.is_none() || i == o);
-    if keeps && out.settle_to.is_none() && memo.get().is_none() {
+    if out.layout.keeps_partial(&pending) && out.settle_to.is_none() && memo.get().is_none() {
         crate::tensor::Memo::derive(&source, &pending, memo, &out.layout, op);
     }
     out

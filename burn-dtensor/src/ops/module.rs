@@ -585,12 +585,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         // axes).
         let (table, shape) = (weights.layout.clone(), weights.shape.clone());
         drop(weights);
-        let derivable = output_grad.settle_to.is_none()
-            && output_grad
-                .reduced
-                .as_ref()
-                .is_some_and(|m| m.get().is_none());
-        if !derivable {
+        if output_grad.derivable().is_none() {
             return table_gradient::<B>(&table, &shape, output_grad, indices, true);
         }
         let pending = output_grad.layout.partial.clone();
@@ -598,11 +593,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         let g = c::linear_in(output_grad, move |g| {
             table_gradient::<B>(&t, &shape, g, indices.clone(), false)
         });
-        let keeps = pending
-            .iter()
-            .zip(&g.layout.partial)
-            .all(|(i, o)| i.is_none() || i == o);
-        if keeps {
+        if g.layout.keeps_partial(&pending) {
             g
         } else {
             settle_now::<B>(g, Some(&table))
