@@ -64,6 +64,10 @@ pub(crate) struct Memo<P> {
     /// one registers with the root, which the intermediate tensors need not outlive (autodiff
     /// drops them as soon as they are consumed).
     origin: OnceLock<Origin<P>>,
+    /// Whether the pending sum is a product kept pending by `rules::pointwise::Linearity::Scaling`
+    /// (dropout's mask on a row-parallel output): a scaling of it may stay pending too, where a
+    /// scaling of any other pending sum (`lr * g`) settles it (see `ops::common::scaling`).
+    scaled: std::sync::atomic::AtomicBool,
 }
 
 /// A function from a settled value to the memoised value of a derived tensor: `None` when the
@@ -91,6 +95,7 @@ impl<P> Default for Memo<P> {
             value: OnceLock::new(),
             derived: Mutex::new(Vec::new()),
             origin: OnceLock::new(),
+            scaled: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -99,6 +104,15 @@ impl<P> Memo<P> {
     /// The memoised value, if the tensor has settled.
     pub(crate) fn get(&self) -> Option<&DTensor<P>> {
         self.value.get().map(|b| b.as_ref())
+    }
+    /// Whether the pending sum is a product kept pending (see `scaled`).
+    pub(crate) fn is_scaled(&self) -> bool {
+        self.scaled.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    /// Marks the pending sum as a product kept pending (see `scaled`).
+    pub(crate) fn mark_scaled(&self) {
+        self.scaled
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
     /// Whether a tensor derived from this one waits for its settled value.
     pub(crate) fn has_derived(&self) -> bool {

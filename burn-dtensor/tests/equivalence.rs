@@ -1625,3 +1625,80 @@ fn linear_functions_of_a_pending_sum_settle_from_its_value() {
         );
     }
 }
+
+/// A product of a pending sum by a settled tensor, and a scaling of that product, keep the sum
+/// pending (each member's term multiplied: PyTorch DTensor's linearity of `mul.Tensor`), so
+/// dropout's mask on a row-parallel output settles where the residual after it says: one
+/// reduce-scatter over `y`, not an all-reduce before the mask. Where the pending sum has another
+/// holder, it settles first, once, for both; a scaling of any other pending sum (`lr * g`
+/// before it updates a parameter) settles it, so the updated state is not a pending sum.
+/// Stacked and per device; values against NdArray on the whole tensors.
+#[test]
+fn products_keep_a_pending_sum_pending_on_the_activation_path() {
+    let shape = [8, 8];
+    let d: Vec<TensorData> = (0..4).map(|i| data(&shape, 60 + i)).collect();
+    let whole = || orc::<2>(&d[0]) + orc::<2>(&d[1]);
+    let events = |log: &burn_dtensor::CommLog| -> Vec<(CollectiveKind, String, Vec<usize>)> {
+        log.events
+            .iter()
+            .map(|e| (e.kind, e.axis.clone(), e.shape.clone()))
+            .collect()
+    };
+    for i in [5, 5 + MESHES.len()] {
+        let m = mesh(i); // x=2, y=4
+        let rows = Layout::new(&m, ["x", "unsharded"]).unwrap();
+        let pending = rows.clone().with_partial(1, ReduceOp::Sum);
+        let sum = || (dist::<2>(&d[0], &pending), dist::<2>(&d[1], &pending));
+        let mask = dist::<2>(&d[2], &rows);
+        let r = dist::<2>(&d[3], &Layout::new(&m, ["x", "y"]).unwrap());
+        let ctx = |log: &burn_dtensor::CommLog| format!("mesh {i}: {log}");
+
+        // Dropout on a row-parallel output, then the residual sharded over `y`.
+        let (a, b) = sum();
+        let (out, log) = record_comms(|| ((a + b) * mask.clone() * 0.5 + r.clone()).exp());
+        let one = |kind| vec![(kind, "y".to_string(), shape.to_vec())];
+        assert_eq!(
+            events(&log),
+            one(CollectiveKind::ReduceScatter),
+            "{}",
+            ctx(&log)
+        );
+        let want = (whole() * orc::<2>(&d[2]) * 0.5 + orc::<2>(&d[3])).exp();
+        check(&format!("dropout, {}", ctx(&log)), out, want);
+
+        // The pending sum held twice: settled once, before the product.
+        let (a, b) = sum();
+        let ((u, v), log) = record_comms(|| {
+            let g = a + b;
+            ((g.clone() * mask.clone()).exp(), g.exp())
+        });
+        assert_eq!(
+            events(&log),
+            one(CollectiveKind::AllReduce),
+            "{}",
+            ctx(&log)
+        );
+        check(
+            &format!("held twice, {}", ctx(&log)),
+            u,
+            (whole() * orc::<2>(&d[2])).exp(),
+        );
+        check(&format!("held twice, {}", ctx(&log)), v, whole().exp());
+
+        // An SGD update `p - lr * g`: the gradient settles, the parameter stays settled.
+        let (a, b) = sum();
+        let (q, log) = record_comms(|| mask.clone() - (a + b) * 0.1);
+        assert_eq!(
+            events(&log),
+            one(CollectiveKind::AllReduce),
+            "{}",
+            ctx(&log)
+        );
+        assert!(!q.layout().is_partial(), "{}", q.describe());
+        check(
+            &format!("sgd, {}", ctx(&log)),
+            q,
+            orc::<2>(&d[2]) - whole() * 0.1,
+        );
+    }
+}

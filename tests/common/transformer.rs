@@ -35,8 +35,10 @@ pub fn reviews(n: usize, salt: usize) -> Vec<(String, u8)> {
 }
 
 /// The tiny configuration: vocabulary 42 (pad, OOV, 40 words), 8 tokens, width 8, 2 heads,
-/// feed-forward 8, batch 8, no dropout (the bare backend draws other masks).
-pub fn config(mode: TfMode, steps: usize) -> TfConfig {
+/// feed-forward 8, batch 8, dropout rate `dropout` (the tests comparing with the bare backend
+/// use none: the decorator draws the same masks in every mode and on every process count, the
+/// bare backend other ones).
+pub fn config(mode: TfMode, steps: usize, dropout: f64) -> TfConfig {
     let mode = format!("{mode:?}");
     let mode = match mode.as_str() {
         "TpSp" => "tp-sp".to_string(),
@@ -44,6 +46,7 @@ pub fn config(mode: TfMode, steps: usize) -> TfConfig {
         m => m.to_lowercase(),
     };
     let steps = steps.to_string();
+    let dropout = dropout.to_string();
     TfConfig::parse_from([
         "imdb_transformer",
         "--mode",
@@ -67,7 +70,7 @@ pub fn config(mode: TfMode, steps: usize) -> TfConfig {
         "--ff",
         "8",
         "--dropout",
-        "0",
+        &dropout,
         "--eval",
         "false",
         "--seed",
@@ -78,6 +81,16 @@ pub fn config(mode: TfMode, steps: usize) -> TfConfig {
 /// `steps` training steps of `mode` with the inner backend `I`, holding `rng_lock` (runs that
 /// seed and draw weights must not interleave: the generators are process-wide).
 pub fn run_mode<I: Backend>(mode: TfMode, steps: usize, rng_lock: &Mutex<()>) -> TfSummary {
+    run_mode_with_dropout::<I>(mode, steps, 0.0, rng_lock)
+}
+
+/// [`run_mode`] with dropout rate `dropout`.
+pub fn run_mode_with_dropout<I: Backend>(
+    mode: TfMode,
+    steps: usize,
+    dropout: f64,
+    rng_lock: &Mutex<()>,
+) -> TfSummary {
     let train = reviews(steps * 8, 1);
     let test = reviews(16, 2);
     fn pairs(r: &[(String, u8)]) -> Vec<(&str, u8)> {
@@ -85,5 +98,5 @@ pub fn run_mode<I: Backend>(mode: TfMode, steps: usize, rng_lock: &Mutex<()>) ->
     }
     let data = TextData::from_texts(&pairs(&train), &pairs(&test), 50, 8).unwrap();
     let _guard = rng_lock.lock().unwrap_or_else(|e| e.into_inner());
-    run::<I>(&config(mode, steps), &data, Default::default()).unwrap()
+    run::<I>(&config(mode, steps, dropout), &data, Default::default()).unwrap()
 }

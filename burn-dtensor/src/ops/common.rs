@@ -138,10 +138,37 @@ pub fn unary<B: Backend, KI: Kind<B>, KO: Kind<B>>(
     if is_solo(&t) {
         return solo_map(t, f);
     }
+    if lin == Linearity::Scaling && scaling(&t, true) {
+        let hint = t.settle_to.clone();
+        let t = deferred_placed::<B, KI>(t, hint.as_deref());
+        let s = rules::pointwise::unary(&t.layout, lin);
+        let shape = t.shape.clone();
+        let mut r = run1::<B, KI, KO>(t, &s, shape, true, |_, x| f(x));
+        // A product kept pending: a scaling of it may stay pending too (see `scaling`).
+        if let Some(m) = &r.reduced {
+            m.mark_scaled();
+            r.settle_to = hint;
+        }
+        return r;
+    }
     let t = settled::<B, KI>(t);
-    let s = rules::pointwise::unary(&t.layout, lin);
+    let s = rules::pointwise::unary(&t.layout, Linearity::None);
     let shape = t.shape.clone();
     run1::<B, KI, KO>(t, &s, shape, true, |_, x| f(x))
+}
+
+/// Whether a [`Linearity::Scaling`] op may keep its pending operand `t` pending (each member's
+/// term multiplied, see `rules::pointwise::Linearity`): only where the op holds `t`'s last
+/// handle and `t` has not settled, since another holder would settle it and the product would
+/// then be a second collective of the same sum; and, for a product by a scalar (`by_scalar`),
+/// only where `t` is itself a product kept pending (dropout's `(x * mask) * (1 / keep)`), so
+/// that `lr * g` settles a gradient before it updates a parameter and BatchNorm's
+/// `var * momentum` its batch statistic before it updates the running one: module state never
+/// becomes a pending sum.
+fn scaling<P>(t: &DTensor<P>, by_scalar: bool) -> bool {
+    t.reduced.as_ref().is_some_and(|m| {
+        std::sync::Arc::strong_count(m) == 1 && m.get().is_none() && (!by_scalar || m.is_scaled())
+    })
 }
 
 /// Element-wise binary op with broadcasting.
@@ -156,6 +183,20 @@ pub fn binary<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
         return solo_map(a, |x| f(x, only(b)));
     }
     let (mut a, mut b) = (settled_memo(a), settled_memo(b));
+    let lin = match lin {
+        Linearity::Scaling
+            if a.layout.is_partial() != b.layout.is_partial()
+                && (if a.layout.is_partial() {
+                    scaling(&a, false)
+                } else {
+                    scaling(&b, false)
+                }) =>
+        {
+            lin
+        }
+        Linearity::Scaling => Linearity::None,
+        l => l,
+    };
     let out = broadcast_shape(&[&a.shape, &b.shape]);
     let mut s = nary(&[(&a.layout, &a.shape), (&b.layout, &b.shape)], &out, lin);
     if !s.output.is_partial() && (a.settle_to.is_some() || b.settle_to.is_some()) {
@@ -197,6 +238,11 @@ pub fn binary<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
         }
     });
     r.settle_to = hint.map(std::sync::Arc::new);
+    if lin == Linearity::Scaling
+        && let Some(m) = &r.reduced
+    {
+        m.mark_scaled(); // see `scaling`
+    }
     r
 }
 

@@ -87,9 +87,17 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
     }
 
     binary_ops!(FloatTensor, F, Additive: float_add, float_sub);
-    binary_ops!(FloatTensor, F, None: float_mul, float_div, float_remainder, float_powf, float_atan2);
-    scalar_ops!(FloatTensor, F, None: float_add_scalar, float_sub_scalar, float_remainder_scalar, float_powf_scalar_impl, float_clamp_min, float_clamp_max,
-        float_mul_scalar, float_div_scalar);
+    binary_ops!(FloatTensor, F, Scaling: float_mul);
+    binary_ops!(FloatTensor, F, None: float_div, float_remainder, float_powf, float_atan2);
+    scalar_ops!(FloatTensor, F, None: float_add_scalar, float_sub_scalar, float_remainder_scalar, float_powf_scalar_impl, float_clamp_min, float_clamp_max);
+    fn float_mul_scalar(t: FloatTensor<Self>, v: Scalar) -> FloatTensor<Self> {
+        let lin = Linearity::of_scalar(v.elem(), false);
+        c::unary::<B, F, F>(t, lin, |x| B::float_mul_scalar(x, v))
+    }
+    fn float_div_scalar(t: FloatTensor<Self>, v: Scalar) -> FloatTensor<Self> {
+        let lin = Linearity::of_scalar(v.elem(), true);
+        c::unary::<B, F, F>(t, lin, |x| B::float_div_scalar(x, v))
+    }
     unary_ops!(FloatTensor, F, None: float_recip, float_exp, float_log, float_log1p, float_sqrt, float_abs, float_cos, float_sin, float_tan,
         float_cosh, float_sinh, float_tanh, float_acos, float_acosh, float_asin, float_asinh, float_atan, float_atanh,
         float_round, float_floor, float_ceil, float_trunc, float_erf);

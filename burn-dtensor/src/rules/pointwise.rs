@@ -9,26 +9,58 @@ use crate::layout::{Layout, Partials, ReduceOp};
 
 /// How an op treats pending reductions (partial sums) of its inputs.
 ///
-/// Only addition keeps partial sums partial: `sum(a_i) + sum(b_i) = sum(a_i + b_i)` settles two
+/// Addition keeps partial sums partial: `sum(a_i) + sum(b_i) = sum(a_i + b_i)` settles two
 /// pending sums with one reduction, and `r + sum(b_i) = sum(b_i + [r on member 0])` adds a
 /// settled operand without settling the sum (PyTorch DTensor's `Replicate -> Partial` for
-/// linear ops). Every other element-wise op settles its partial inputs
-/// first, even a linear one (`neg`, `mul_scalar`, multiplication by a replicated tensor):
-/// settling before costs the same bytes as settling after (the output is never smaller than the
-/// partial input), and the settled value is memoised on the input, so every consumer of one
-/// partial result shares a single all-reduce. (Keeping `g * (1 - beta)` partial made Adam
-/// all-reduce each gradient twice: once for the scaled copy, once for `g^2`.)
+/// linear ops). A product by a settled operand may keep a pending sum pending,
+/// `sum(a_i) * m = sum(a_i * m)` (PyTorch DTensor's linearity of `mul.Tensor` and
+/// `mul.Scalar`), but only where the op allows it ([`Linearity::Scaling`]). Every other
+/// element-wise op settles its partial inputs first, even a linear one (`neg`): settling before
+/// costs the same bytes as settling after (the output is never smaller than the partial input),
+/// and the settled value is memoised on the input, so every consumer of one partial result
+/// shares a single all-reduce. (Keeping `g * (1 - beta)` partial made Adam all-reduce each
+/// gradient twice: once for the scaled copy, once for `g^2`.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Linearity {
     /// Inputs are settled first.
     None,
     /// Addition/subtraction: partial sums on the same axes stay partial.
     Additive,
+    /// A product of one pending sum (of the output's full shape) by settled operands or a
+    /// scalar: the sum stays pending, each member's term multiplied. The op decides whether to
+    /// ask for it (`ops::common::scaling`): the rule itself cannot see whether the product is an
+    /// activation (dropout's mask on a row-parallel output, which Megatron-SP reduce-scatters
+    /// after the mask) or an update of module state (`lr * g`, which must settle before it
+    /// reaches a parameter). Where a multiplier is `±inf` or NaN, a member's zero term gives
+    /// NaN where the settled product is infinite: the op only asks for finite scalars.
+    Scaling,
 }
 
-/// Unary op: same layout, pending reductions settled first.
-pub fn unary(l: &Layout, _lin: Linearity) -> Strategy {
-    let r = l.without_partial();
+impl Linearity {
+    /// The linearity of a product by the scalar `v` (a quotient by it when `divisor`):
+    /// [`Linearity::Scaling`] where the product of each member's term is finite for finite
+    /// terms (`v` finite, and non-zero for a divisor), else [`Linearity::None`].
+    pub fn of_scalar(v: f64, divisor: bool) -> Self {
+        if v.is_finite() && !(divisor && v == 0.0) {
+            Linearity::Scaling
+        } else {
+            Linearity::None
+        }
+    }
+}
+
+/// Unary op: same layout, pending reductions settled first, or kept for a
+/// [`Linearity::Scaling`] of sums.
+pub fn unary(l: &Layout, lin: Linearity) -> Strategy {
+    let only_sum = l
+        .partial
+        .iter()
+        .all(|x| x.is_none_or(|o| o == ReduceOp::Sum));
+    let r = if lin == Linearity::Scaling && only_sum {
+        l.clone()
+    } else {
+        l.without_partial()
+    };
     Strategy {
         inputs: vec![r.clone()],
         output: r,
@@ -84,6 +116,21 @@ pub fn nary(inputs: &[(&Layout, &[usize])], out_shape: &[usize], lin: Linearity)
                         .any(|((_, s), p)| is_partial(p) && *s == out_shape) =>
             {
                 keep = Some((p0.clone(), vec![true; inputs.len()]));
+            }
+            // One pending sum of the output's full shape times settled operands: each member's
+            // term is multiplied by the settled values, which are whole on the pending axes.
+            (Linearity::Scaling, Some(p0))
+                if only_sum(p0)
+                    && partial_sets.iter().filter(|p| is_partial(p)).count() == 1
+                    && inputs
+                        .iter()
+                        .zip(&partial_sets)
+                        .any(|((_, s), p)| is_partial(p) && *s == out_shape) =>
+            {
+                keep = Some((
+                    p0.clone(),
+                    partial_sets.iter().map(|p| is_partial(p)).collect(),
+                ));
             }
             _ => {}
         }
