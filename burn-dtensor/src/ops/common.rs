@@ -183,19 +183,15 @@ pub fn binary<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
         return solo_map(a, |x| f(x, only(b)));
     }
     let (mut a, mut b) = (settled_memo(a), settled_memo(b));
-    let lin = match lin {
-        Linearity::Scaling
-            if a.layout.is_partial() != b.layout.is_partial()
-                && (if a.layout.is_partial() {
-                    scaling(&a, false)
-                } else {
-                    scaling(&b, false)
-                }) =>
-        {
-            lin
-        }
-        Linearity::Scaling => Linearity::None,
-        l => l,
+    let keeps = match (a.layout.is_partial(), b.layout.is_partial()) {
+        (true, false) => scaling(&a, false),
+        (false, true) => scaling(&b, false),
+        _ => false,
+    };
+    let lin = if lin == Linearity::Scaling && !keeps {
+        Linearity::None
+    } else {
+        lin
     };
     let out = broadcast_shape(&[&a.shape, &b.shape]);
     let mut s = nary(&[(&a.layout, &a.shape), (&b.layout, &b.shape)], &out, lin);

@@ -49,14 +49,15 @@ impl Linearity {
     }
 }
 
+/// Whether every pending reduction in `p` is a sum (the only kind a linear op may keep).
+fn only_sum(p: &Partials) -> bool {
+    p.iter().all(|x| x.is_none_or(|o| o == ReduceOp::Sum))
+}
+
 /// Unary op: same layout, pending reductions settled first, or kept for a
 /// [`Linearity::Scaling`] of sums.
 pub fn unary(l: &Layout, lin: Linearity) -> Strategy {
-    let only_sum = l
-        .partial
-        .iter()
-        .all(|x| x.is_none_or(|o| o == ReduceOp::Sum));
-    let r = if lin == Linearity::Scaling && only_sum {
+    let r = if lin == Linearity::Scaling && only_sum(&l.partial) {
         l.clone()
     } else {
         l.without_partial()
@@ -92,7 +93,6 @@ pub fn nary(inputs: &[(&Layout, &[usize])], out_shape: &[usize], lin: Linearity)
     let any_partial = partial_sets.iter().any(|p| p.iter().any(Option::is_some));
     let mut keep: Option<(Partials, Vec<bool>)> = None; // (out partial, which inputs stay partial)
     if any_partial {
-        let only_sum = |p: &Partials| p.iter().all(|x| x.is_none_or(|o| o == ReduceOp::Sum));
         let is_partial = |p: &Partials| p.iter().any(Option::is_some);
         let first = partial_sets.iter().copied().find(|p| is_partial(p));
         match (lin, first) {
