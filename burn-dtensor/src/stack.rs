@@ -446,6 +446,47 @@ pub fn contracts(partial: usize, lhs: usize, rhs: usize) -> bool {
     partial > lhs + rhs
 }
 
+/// The shapes of the operands of an op along one dim (gather, scatter: every operand has the
+/// same size as the first outside `dim`) folded around it: the dims before `dim` merged into one,
+/// the dims after it into another, groups of size 1 dropped. Returns the folded shapes and the
+/// position of `dim` among them; `None` when the operands differ outside `dim` or nothing folds.
+///
+/// Stacked operands add leading mesh dims (`[2, 4, 8, 2]` for a `[64, 2]` tensor sharded over
+/// two axes): folded, a gather along the last dim is `[64, 2]` again, the single device's rank-2
+/// op. Flex's gather above rank 2 runs on rayon whatever its size, and waking the pool for the
+/// IMDB loss's 64 elements was 11% of the data-parallel step on Flex (NOTES.md, session 34).
+/// The fold only renames positions, so the result is the unfolded op's, bitwise.
+pub fn fold_along(shapes: &[&[usize]], dim: usize) -> Option<(Vec<Vec<usize>>, usize)> {
+    let first = shapes[0];
+    let agree = shapes
+        .iter()
+        .all(|s| s.len() == first.len() && (0..first.len()).all(|d| d == dim || s[d] == first[d]));
+    if !agree {
+        return None;
+    }
+    let outer: usize = first[..dim].iter().product();
+    let inner: usize = first[dim + 1..].iter().product();
+    let rank = usize::from(outer != 1) + 1 + usize::from(inner != 1);
+    if rank >= first.len() {
+        return None;
+    }
+    let folded = shapes
+        .iter()
+        .map(|s| {
+            let mut f = Vec::with_capacity(rank);
+            if outer != 1 {
+                f.push(outer);
+            }
+            f.push(s[dim]);
+            if inner != 1 {
+                f.push(inner);
+            }
+            f
+        })
+        .collect();
+    Some((folded, usize::from(outer != 1)))
+}
+
 /// The shapes of element-wise operands (equal ranks, broadcasting) with adjacent dims merged
 /// where every operand holds them alike (all whole or all broadcast), and dims of output size 1
 /// dropped; `None` when nothing merges. Stacked operands add leading mesh dims that a data
@@ -525,4 +566,31 @@ pub fn prepare<B: Backend, K: Kind<B>>(
         }
     }
     x
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fold_along;
+
+    #[test]
+    fn operands_fold_around_the_indexed_dim() {
+        // Cross-entropy's gather on a [batch 2, model 4] stack: [2, 4, 8, 2] along the last dim,
+        // indices [2, 4, 8, 1] -> the single device's [64, 2] and [64, 1].
+        assert_eq!(
+            fold_along(&[&[2, 4, 8, 2], &[2, 4, 8, 1]], 3),
+            Some((vec![vec![64, 2], vec![64, 1]], 1))
+        );
+        // Along a middle dim: the dims before and after merge ([1, 4] drops the unit group).
+        assert_eq!(
+            fold_along(&[&[2, 3, 5, 7], &[2, 3, 1, 7]], 2),
+            Some((vec![vec![6, 5, 7], vec![6, 1, 7]], 1))
+        );
+        assert_eq!(
+            fold_along(&[&[1, 1, 5, 7], &[1, 1, 2, 7]], 2),
+            Some((vec![vec![5, 7], vec![2, 7]], 0))
+        );
+        // Nothing to fold, and operands that differ off the dim (a broadcast mesh dim) stay.
+        assert_eq!(fold_along(&[&[6, 5, 7], &[6, 1, 7]], 1), None);
+        assert_eq!(fold_along(&[&[2, 4, 8, 2], &[1, 4, 8, 1]], 3), None);
+    }
 }

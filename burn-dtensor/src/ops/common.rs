@@ -650,7 +650,21 @@ pub fn gather<B: Backend, K: Kind<B>, KI: Kind<B>>(
         fallback::replicate(&[&t.layout, &idx.layout], idx.shape.len())
     };
     let shape = idx.shape.clone();
-    run2::<B, K, KI, K>(t, idx, &s, shape, true, |at, x, i| f(dim + at.off(), x, i))
+    run2::<B, K, KI, K>(t, idx, &s, shape, true, |at, x, i| match at {
+        At::Device(_) => f(dim, x, i),
+        // Stacked: folded to the single device's rank around `dim` (see `stack::fold_along`).
+        At::Stacked(k) => {
+            let (xs, is) = (x.shape().to_vec(), i.shape().to_vec());
+            match stack::fold_along(&[&xs, &is], dim + k) {
+                Some((folded, d)) => {
+                    let [fx, fi] = <[Vec<usize>; 2]>::try_from(folded).expect("two operands");
+                    let out = f(d, K::reshape(x, fx.into()), KI::reshape(i, fi.into()));
+                    K::reshape(out, is.into())
+                }
+                None => f(dim + k, x, i),
+            }
+        }
+    })
 }
 
 /// `scatter_*(dim, t, indices, value)` and `select_*`-style ops with a value operand.
@@ -671,8 +685,25 @@ pub fn scatter<B: Backend, K: Kind<B>, KI: Kind<B>>(
         fallback::replicate(&[&t.layout, &idx.layout, &value.layout], t.shape.len())
     };
     let shape = t.shape.clone();
-    run3::<B, K, KI, K, K>(t, idx, value, &s, shape, true, |at, x, i, v| {
-        f(dim + at.off(), x, i, v)
+    run3::<B, K, KI, K, K>(t, idx, value, &s, shape, true, |at, x, i, v| match at {
+        At::Device(_) => f(dim, x, i, v),
+        // Stacked: folded as `gather` is.
+        At::Stacked(k) => {
+            let (xs, is, vs) = (x.shape().to_vec(), i.shape().to_vec(), v.shape().to_vec());
+            match stack::fold_along(&[&xs, &is, &vs], dim + k) {
+                Some((folded, d)) => {
+                    let [fx, fi, fv] = <[Vec<usize>; 3]>::try_from(folded).expect("three operands");
+                    let out = f(
+                        d,
+                        K::reshape(x, fx.into()),
+                        KI::reshape(i, fi.into()),
+                        K::reshape(v, fv.into()),
+                    );
+                    K::reshape(out, xs.into())
+                }
+                None => f(dim + k, x, i, v),
+            }
+        }
     })
 }
 
