@@ -290,6 +290,102 @@ pub fn read_box_into(
     });
 }
 
+/// A strided view's dims with size-1 dims dropped and adjacent dims merged where the outer
+/// one's stride is the inner one's span (`strides[i] == strides[i + 1] * shape[i + 1]`): the
+/// same elements in the same order, as few dims as the view allows. Strides in elements.
+pub fn collapse_strided(shape: &[usize], strides: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    let (mut cs, mut ct): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
+    for (&n, &st) in shape.iter().zip(strides) {
+        if n == 1 {
+            continue;
+        }
+        match (cs.last_mut(), ct.last()) {
+            (Some(pn), Some(&pt)) if pt == st * n => {
+                *pn *= n;
+                *ct.last_mut().expect("same length") = st;
+            }
+            _ => {
+                cs.push(n);
+                ct.push(st);
+            }
+        }
+    }
+    (cs, ct)
+}
+
+/// The strided view of host bytes `src` (`shape`, non-negative `strides` and `offset` in
+/// elements of `dtype`) copied into a row-major tensor of `shape`: an odometer over the outer
+/// dims (merged first, [`collapse_strided`]) and a tight loop over the innermost one, a
+/// `memcpy` where it is contiguous. This is what Flex's own copy of a view above two merged
+/// dims does element by element through its strided iterator (4-9% of a model- or
+/// spatial-parallel step's time on Flex, NOTES.md session 34). `None` when `src` is not aligned
+/// for `dtype`'s elements, or the view reaches past it.
+pub fn copy_strided(
+    src: &[u8],
+    dtype: DType,
+    shape: &[usize],
+    strides: &[usize],
+    offset: usize,
+) -> Option<TensorData> {
+    fn go<W: bytemuck::Pod>(
+        src: &[u8],
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+    ) -> Option<Vec<W>> {
+        let src: &[W] = bytemuck::try_cast_slice(src).ok()?;
+        let n: usize = shape.iter().product();
+        let mut out = Vec::with_capacity(n);
+        if n == 0 {
+            return Some(out);
+        }
+        let reach = shape
+            .iter()
+            .zip(strides)
+            .map(|(&d, &st)| (d - 1) * st)
+            .sum::<usize>();
+        if offset + reach >= src.len() {
+            return None;
+        }
+        let Some((&last, outer)) = shape.split_last() else {
+            out.push(src[offset]);
+            return Some(out);
+        };
+        let ls = strides[outer.len()];
+        let mut idx = vec![0usize; outer.len()];
+        let mut base = offset;
+        loop {
+            if ls == 1 {
+                out.extend_from_slice(&src[base..base + last]);
+            } else {
+                out.extend((0..last).map(|j| src[base + j * ls]));
+            }
+            let mut d = outer.len();
+            loop {
+                if d == 0 {
+                    return Some(out);
+                }
+                d -= 1;
+                idx[d] += 1;
+                base += strides[d];
+                if idx[d] < outer[d] {
+                    break;
+                }
+                base -= strides[d] * outer[d];
+                idx[d] = 0;
+            }
+        }
+    }
+    let (cs, ct) = collapse_strided(shape, strides);
+    let words = match dtype.size() {
+        2 => Words::B2(go(src, &cs, &ct, offset)?),
+        4 => Words::B4(go(src, &cs, &ct, offset)?),
+        8 => Words::B8(go(src, &cs, &ct, offset)?),
+        _ => Words::B1(go(src, &cs, &ct, offset)?),
+    };
+    Some(HostBuffer(words).into_data(shape.to_vec(), dtype))
+}
+
 /// The runs of the row-major tensor of `shape` permuted by `order` (output dim `i` is input
 /// dim `order[i]`): `f(start, len)` in elements of the input, in the output's row-major order,
 /// one call per run of the trailing dims that keep their place, so a copy by runs goes at

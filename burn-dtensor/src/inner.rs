@@ -92,6 +92,34 @@ pub fn host_bytes<P: 'static>(t: &P) -> Option<&[u8]> {
     None
 }
 
+/// Primitive `t` copied row-major on the host where its backend would copy it element by element:
+/// a Flex tensor that is a strided view (a permuted or sliced stacked shard) whose dims do not
+/// merge to two or fewer ([`crate::host::collapse_strided`]; up to two, Flex's own tiled copy is
+/// as fast). `None` for every other backend, layout and dtype (bool, quantized, negative
+/// strides): the caller keeps `t`. See [`crate::tensor::Kind::dense`].
+pub fn dense_copy<P: 'static>(t: &P) -> Option<burn::tensor::TensorData> {
+    #[cfg(feature = "flex")]
+    if let Some(t) = (t as &dyn std::any::Any).downcast_ref::<burn_flex::FlexTensor>() {
+        use burn::tensor::DType;
+        if t.is_contiguous() || matches!(t.dtype(), DType::Bool(_) | DType::QFloat(_)) {
+            return None;
+        }
+        let l = t.layout();
+        let strides: Vec<usize> = l
+            .strides()
+            .iter()
+            .map(|&s| usize::try_from(s).ok())
+            .collect::<Option<_>>()?;
+        let shape: &[usize] = l.shape();
+        if crate::host::collapse_strided(shape, &strides).0.len() <= 2 {
+            return None;
+        }
+        return crate::host::copy_strided(t.bytes(), t.dtype(), shape, &strides, l.start_offset());
+    }
+    let _ = t;
+    None
+}
+
 /// The bytes of a host tensor primitive for writing in place: [`host_bytes`]'s bytes where,
 /// besides, this primitive is their only owner (no clone or view of it shares them), so that a
 /// collective can write its result over its input (an in-place all-reduce) and the primitive
@@ -359,6 +387,63 @@ fn gemm<E: ndarray::LinalgScalar>(
 #[cfg(test)]
 mod tests {
     use burn::backend::{Flex, NdArray};
+
+    /// Every permutation of a rank-4 Flex tensor, whole and sliced (an offset and gaps), copied
+    /// by [`super::dense_copy`] against Flex's own row-major read of the same view; the views
+    /// that merge to two dims or fewer are left to Flex.
+    #[test]
+    fn dense_copies_of_flex_views_equal_flex_reads() {
+        use burn::tensor::{Int, Tensor, TensorData};
+        let shape = [2usize, 3, 4, 5];
+        let t = Tensor::<Flex, 1, Int>::arange(0..120, &Default::default())
+            .float()
+            .reshape(shape);
+        let mut copied = 0;
+        for order in permutations4() {
+            for sliced in [false, true] {
+                let mut v = t.clone().permute(order.map(|o| o as isize));
+                if sliced {
+                    v = v.slice([0..2, 1..3, 1..3, 0..2]);
+                }
+                let p = v.clone().into_primitive().tensor();
+                let want: TensorData = v.into_data();
+                match super::dense_copy(&p) {
+                    Some(got) => {
+                        assert_eq!(got, want, "order {order:?}, sliced {sliced}");
+                        copied += 1;
+                    }
+                    None => {
+                        let l = p.layout();
+                        let st: Vec<usize> = l.strides().iter().map(|&s| s as usize).collect();
+                        assert!(
+                            p.is_contiguous()
+                                || crate::host::collapse_strided(l.shape(), &st).0.len() <= 2,
+                            "order {order:?}, sliced {sliced}: a view of 3+ dims not copied"
+                        );
+                    }
+                }
+            }
+        }
+        assert!(copied >= 20, "only {copied} views copied");
+    }
+
+    fn permutations4() -> Vec<[usize; 4]> {
+        let mut out = Vec::new();
+        for a in 0..4 {
+            for b in 0..4 {
+                for c in 0..4 {
+                    for d in 0..4 {
+                        let mut seen = [a, b, c, d];
+                        seen.sort();
+                        if seen == [0, 1, 2, 3] {
+                            out.push([a, b, c, d]);
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
 
     #[test]
     fn worker_threads_only_for_cpu_backends() {

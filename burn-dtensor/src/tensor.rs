@@ -467,8 +467,18 @@ pub trait Kind<B: Backend>: 'static {
     fn into_host(t: Self::P) -> TensorData {
         Self::into_data(t)
     }
-    /// Reshape.
+    /// Reshape (a view where [`crate::inner::reshape_view`] gives one; a strided input made
+    /// [`Kind::dense`] first).
     fn reshape(t: Self::P, shape: Shape) -> Self::P;
+    /// `t` row-major where it is a strided view that its backend would copy element by element
+    /// on the next op that needs it contiguous ([`crate::inner::dense_copy`]: Flex's views of
+    /// three or more merged dims); `t` itself otherwise. Same values, same shape.
+    fn dense(t: Self::P) -> Self::P {
+        match crate::inner::dense_copy(&t) {
+            Some(data) => Self::from_data(data, &Self::device(&t)),
+            None => t,
+        }
+    }
     /// Permutation of the dims.
     fn permute(t: Self::P, axes: &[usize]) -> Self::P;
     /// Repetition along `dim` (a materialised copy).
@@ -553,7 +563,7 @@ macro_rules! kind_io {
         fn reshape(t: Self::P, s: Shape) -> Self::P {
             match crate::inner::reshape_view(&t, &s) {
                 Some(view) => view,
-                None => B::float_reshape(t, s),
+                None => B::float_reshape(<Self as Kind<B>>::dense(t), s),
             }
         }
         fn permute(t: Self::P, axes: &[usize]) -> Self::P {
@@ -594,7 +604,7 @@ macro_rules! kind_io {
         fn reshape(t: Self::P, s: Shape) -> Self::P {
             match crate::inner::reshape_view(&t, &s) {
                 Some(view) => view,
-                None => B::int_reshape(t, s),
+                None => B::int_reshape(<Self as Kind<B>>::dense(t), s),
             }
         }
         fn permute(t: Self::P, axes: &[usize]) -> Self::P {
@@ -635,7 +645,7 @@ macro_rules! kind_io {
         fn reshape(t: Self::P, s: Shape) -> Self::P {
             match crate::inner::reshape_view(&t, &s) {
                 Some(view) => view,
-                None => B::bool_reshape(t, s),
+                None => B::bool_reshape(<Self as Kind<B>>::dense(t), s),
             }
         }
         fn permute(t: Self::P, axes: &[usize]) -> Self::P {

@@ -337,7 +337,12 @@ pub fn reduce_dim<B: Backend, K: Kind<B>>(
     }
     let mut shape = t.shape.clone();
     shape[dim] = 1;
-    run1::<B, K, K>(t, &s, shape, true, |at, x| f(x, dim + at.off()))
+    run1::<B, K, K>(t, &s, shape, true, |at, x| match at {
+        At::Device(_) => f(x, dim),
+        // A stacked view (BatchNorm's `swap_dims(0, 1)` before its mean) made dense first where
+        // the backend would copy it element by element (`Kind::dense`).
+        At::Stacked(k) => f(K::dense(x), dim + k),
+    })
 }
 
 /// Reduction of all elements to shape `[1]`.
