@@ -555,8 +555,27 @@ pub fn assemble_bytes(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use burn::tensor::TensorData;
+
+    /// The 24 permutations of 4 dims.
+    pub(crate) fn permutations4() -> Vec<[usize; 4]> {
+        let mut out = Vec::new();
+        for a in 0..4 {
+            for b in 0..4 {
+                for c in 0..4 {
+                    for d in 0..4 {
+                        let mut seen = [a, b, c, d];
+                        seen.sort();
+                        if seen == [0, 1, 2, 3] {
+                            out.push([a, b, c, d]);
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
 
     /// Every permutation of a rank-4 tensor (odd sizes) against NdArray's own permute.
     #[test]
@@ -570,30 +589,18 @@ mod tests {
             &Default::default(),
         );
         let mut count = 0;
-        for a in 0..4 {
-            for b in 0..4 {
-                for c in 0..4 {
-                    for d in 0..4 {
-                        let order = [a, b, c, d];
-                        let mut seen = order;
-                        seen.sort();
-                        if seen != [0, 1, 2, 3] {
-                            continue;
-                        }
-                        let mut out = Vec::new();
-                        super::for_each_permuted_run(&shape, &order, &mut |s, n| {
-                            out.extend_from_slice(&values[s..s + n])
-                        });
-                        let want = t.clone().permute(order.map(|o| o as isize)).into_data();
-                        assert_eq!(
-                            out.as_slice(),
-                            want.as_slice::<f32>().unwrap(),
-                            "order {order:?}"
-                        );
-                        count += 1;
-                    }
-                }
-            }
+        for order in permutations4() {
+            let mut out = Vec::new();
+            super::for_each_permuted_run(&shape, &order, &mut |s, n| {
+                out.extend_from_slice(&values[s..s + n])
+            });
+            let want = t.clone().permute(order.map(|o| o as isize)).into_data();
+            assert_eq!(
+                out.as_slice(),
+                want.as_slice::<f32>().unwrap(),
+                "order {order:?}"
+            );
+            count += 1;
         }
         assert_eq!(count, 24);
         assert_eq!(super::permute_run(&shape, &[1, 0, 2, 3]), 20);

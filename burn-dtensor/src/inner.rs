@@ -399,7 +399,7 @@ mod tests {
             .float()
             .reshape(shape);
         let mut copied = 0;
-        for order in permutations4() {
+        for order in crate::host::tests::permutations4() {
             for sliced in [false, true] {
                 let mut v = t.clone().permute(order.map(|o| o as isize));
                 if sliced {
@@ -425,24 +425,6 @@ mod tests {
             }
         }
         assert!(copied >= 20, "only {copied} views copied");
-    }
-
-    fn permutations4() -> Vec<[usize; 4]> {
-        let mut out = Vec::new();
-        for a in 0..4 {
-            for b in 0..4 {
-                for c in 0..4 {
-                    for d in 0..4 {
-                        let mut seen = [a, b, c, d];
-                        seen.sort();
-                        if seen == [0, 1, 2, 3] {
-                            out.push([a, b, c, d]);
-                        }
-                    }
-                }
-            }
-        }
-        out
     }
 
     #[test]
