@@ -174,23 +174,28 @@ pub fn host_bytes_mut<P: 'static>(t: &mut P) -> Option<&mut [u8]> {
     None
 }
 
-/// The scaffold of the NdArray views ([`reshape_view`], [`rows_view`]): `$t` (a primitive of
-/// type `P`) as an owned, row-major NdArray array of any element type, shared
+/// The scaffold of the NdArray views ([`reshape_view`], [`rows_view`], [`merge_leading_view`]):
+/// `$t` (a primitive of type `P`) as an owned, row-major (with `any layout`: any strides) NdArray
+/// array of any element type, shared
 /// (`ArcArray<E, IxDyn>`, bound to `$a`), turned by `$view` (an `Option` of the viewed array)
 /// into a primitive of type `P` again; `None` for another backend or layout, or where `$view`
 /// gives none.
 #[cfg(feature = "ndarray")]
 macro_rules! ndarray_view {
     ($t:expr, |$a:ident| $view:expr) => {
-        ndarray_view!(@each $t, |$a| $view; F64, F32, I64, I32, I16, I8, U64, U32, U16, U8, Bool)
+        ndarray_view!(@each $t, true, |$a| $view; F64, F32, I64, I32, I16, I8, U64, U32, U16, U8, Bool)
     };
-    (@each $t:expr, |$a:ident| $view:expr; $($v:ident),*) => {{
+    // Any strides (a permuted or broadcast view too), where `$view` checks what it needs.
+    (any layout $t:expr, |$a:ident| $view:expr) => {
+        ndarray_view!(@each $t, false, |$a| $view; F64, F32, I64, I32, I16, I8, U64, U32, U16, U8, Bool)
+    };
+    (@each $t:expr, $standard:expr, |$a:ident| $view:expr; $($v:ident),*) => {{
         use burn_ndarray::NdArrayTensor as T;
         (|| {
             let t = ($t as &dyn std::any::Any).downcast_ref::<T>()?;
             let out: Box<dyn std::any::Any> = Box::new(match t {
                 $(T::$v(s) => {
-                    if !s.is_owned() || !s.view().is_standard_layout() {
+                    if !s.is_owned() || ($standard && !s.view().is_standard_layout()) {
                         return None;
                     }
                     let $a = s.clone().into_shared();
@@ -221,6 +226,68 @@ pub fn reshape_view<P: 'static>(t: &P, shape: &[usize]) -> Option<P> {
         let _ = (t, shape);
         None
     }
+}
+
+/// `shape` with its first `n` dims merged into one, for an op along dim `n` of a stacked
+/// primitive (a reduction); `None` when `n < 2` (nothing to merge). Only the leading dims merge:
+/// the reduced dim and those after it keep their sizes and, for a row-major primitive, their
+/// strides, so a backend that picks its summation order from the strides (`ndarray`'s
+/// `sum_axis` sums lanes when the reduced axis has the smallest stride, subviews in order
+/// otherwise) sums every output element in the same order, and the result is bitwise the
+/// unmerged op's. On NdArray a stacked `[2, 1, 2, 32, 24]` reduced along dim 3 is then a rank-3
+/// `[4, 32, 24]` one: above rank 4 every subview of `ndarray`'s dynamic-rank loop allocated its
+/// index, and the stacked reductions of the spatial IMDB step cost 2.9x the single device's
+/// (NOTES.md, session 35).
+pub fn merge_leading(shape: &[usize], n: usize) -> Option<Vec<usize>> {
+    (n >= 2 && n < shape.len()).then(|| {
+        let mut merged = Vec::with_capacity(shape.len() - n + 1);
+        merged.push(shape[..n].iter().product());
+        merged.extend_from_slice(&shape[n..]);
+        merged
+    })
+}
+
+/// Primitive `t` of shape `[d_0, .., d_{r-1}]` as `[d_0 * .. * d_{n-1}, d_n, .., d_{r-1}]`, a view
+/// of its storage (the shape [`merge_leading`] gives): an NdArray array whose
+/// leading `n` dims merge by their strides (row-major among themselves, whatever the strides
+/// of the dims after them: a permuted or broadcast shard dim does not stop it), or a
+/// contiguous Flex tensor. `None` for `n < 2`, for other backends and for leading dims that do
+/// not merge without a copy (the caller runs on `t` as it is then: merging is only for speed).
+///
+/// The dims from `n` on keep their sizes and strides and the merged dim the stride of the
+/// fastest of the dims it replaces, so the summation order `ndarray` picks from the strides
+/// (see [`merge_leading`]) and so every value are those of the op on `t`. A
+/// stacked reduction on NdArray is then of rank `r - n + 1`: above rank 4 `ndarray`'s
+/// dynamic-rank loops allocate per subview (NOTES.md, session 35).
+pub fn merge_leading_view<P: burn::tensor::TensorMetadata + 'static>(t: &P, n: usize) -> Option<P> {
+    let merged = merge_leading(&t.shape(), n)?;
+    #[cfg(feature = "ndarray")]
+    if let Some(v) = ndarray_view!(any layout t, |a| {
+        let mut a = a;
+        let into = ndarray::Axis(n - 1);
+        let merges = (0..n - 1).rev().all(|take| a.merge_axes(ndarray::Axis(take), into));
+        merges.then(|| {
+            for _ in 0..n - 1 {
+                a.index_axis_inplace(ndarray::Axis(0), 0);
+            }
+            a
+        })
+    }) {
+        return Some(v);
+    }
+    #[cfg(feature = "flex")]
+    if let Some(f) = (t as &dyn std::any::Any).downcast_ref::<burn_flex::FlexTensor>() {
+        let shape = burn::tensor::Shape::from(merged);
+        let view = f.layout().reshape(shape.clone()).map(|_| f.reshape(shape));
+        return view.and_then(|v| {
+            (Box::new(v) as Box<dyn std::any::Any>)
+                .downcast::<P>()
+                .ok()
+                .map(|p| *p)
+        });
+    }
+    let _ = merged;
+    None
 }
 
 /// Rows `rows` of dim 0 of primitive `t` as a view sharing its storage, where the backend's
@@ -387,6 +454,101 @@ fn gemm<E: ndarray::LinalgScalar>(
 #[cfg(test)]
 mod tests {
     use burn::backend::{Flex, NdArray};
+
+    #[test]
+    fn leading_dims_merge_before_a_reduced_dim() {
+        // A [32, 24] shard on a (2, 1, 2) stack, reduced along its dim 0 (stacked dim 3).
+        assert_eq!(
+            super::merge_leading(&[2, 1, 2, 32, 24], 3),
+            Some(vec![4, 32, 24])
+        );
+        // Along the last dim: every dim before it merges, the reduced dim stays last.
+        assert_eq!(
+            super::merge_leading(&[2, 1, 2, 32, 24], 4),
+            Some(vec![128, 24])
+        );
+        // One leading dim or none: nothing to merge; a dim past the rank is not an op's.
+        assert_eq!(super::merge_leading(&[8, 32, 24], 1), None);
+        assert_eq!(super::merge_leading(&[8, 32, 24], 0), None);
+        assert_eq!(super::merge_leading(&[8, 32], 2), None);
+    }
+
+    /// [`super::merge_leading_view`] on NdArray and Flex against the unmerged tensor: for views
+    /// of a rank-5 tensor (row-major, its last two dims swapped, a broadcast dim, its first and
+    /// third dims swapped) and every count of leading dims that merge, the view holds the same
+    /// values in the same order, and `sum_dim` along each dim after the merged ones gives
+    /// bitwise the sums of `sum_dim` on the unmerged tensor (the values and the lengths, 9 and
+    /// 10 against `ndarray`'s eightfold unrolled sum of a contiguous lane, are chosen so that
+    /// another summation order rounds differently). Which views merge is checked too: NdArray
+    /// merges leading dims whose strides allow it whatever the strides after them, Flex only
+    /// contiguous tensors. Returns how many views merged.
+    fn merged_views_sum_as_the_unmerged<B: burn::tensor::backend::Backend>(flex: bool) -> usize {
+        use burn::tensor::{Tensor, TensorData, TensorMetadata, TensorPrimitive};
+        let device = Default::default();
+        let shape = [2usize, 1, 3, 9, 10];
+        let values: Vec<f32> = (0..540)
+            .map(|i| (i as f32 * 0.37).sin() * 1e3 + 0.1)
+            .collect();
+        let t = Tensor::<B, 1>::from_floats(values.as_slice(), &device).reshape(shape);
+        let bcast = t
+            .clone()
+            .slice([0..2, 0..1, 0..3, 0..1, 0..10])
+            .expand(shape);
+        // (name, view, the most leading dims NdArray merges, whether Flex merges)
+        let views = [
+            ("row-major", t.clone(), 4, true),
+            ("shard dims swapped", t.clone().swap_dims(3, 4), 3, false),
+            // (NdArray's `expand` materialises the broadcast: row-major.)
+            ("broadcast dim 3", bcast, 4, false),
+            ("leading dims swapped", t.clone().swap_dims(0, 2), 2, false),
+        ];
+        let read = |p, shape: Vec<usize>| {
+            Tensor::<B, 5>::from_primitive(TensorPrimitive::Float(B::float_reshape(
+                p,
+                shape.into(),
+            )))
+            .into_data()
+        };
+        let mut merged = 0;
+        for (name, v, nd_max, merges_flex) in views {
+            let vs: Vec<usize> = v.dims().to_vec();
+            for n in 2..5 {
+                let merges = if flex { merges_flex } else { n <= nd_max };
+                let p = v.clone().into_primitive().tensor();
+                let Some(m) = super::merge_leading_view(&p, n) else {
+                    assert!(!merges, "{name}, {n}: not merged");
+                    continue;
+                };
+                assert!(merges, "{name}, {n}: merged");
+                merged += 1;
+                let want = super::merge_leading(&vs, n).expect("n >= 2");
+                assert_eq!(m.shape().to_vec(), want, "{name}, {n}");
+                assert_eq!(read(m, vs.clone()), v.clone().into_data(), "{name}, {n}");
+                for d in n..5 {
+                    let m = super::merge_leading_view(&p, n).expect("merged above");
+                    let mut out = vs.clone();
+                    out[d] = 1;
+                    let got: TensorData = read(B::float_sum_dim(m, 1 + d - n), out);
+                    let base: TensorData = v.clone().sum_dim(d).into_data();
+                    let (g, b) = (
+                        got.as_slice::<f32>().unwrap(),
+                        base.as_slice::<f32>().unwrap(),
+                    );
+                    assert!(
+                        g.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{name}, {n} leading dims merged, sum along {d}: {g:?} vs {b:?}"
+                    );
+                }
+            }
+        }
+        merged
+    }
+
+    #[test]
+    fn merged_leading_dims_sum_bitwise_as_unmerged() {
+        assert_eq!(merged_views_sum_as_the_unmerged::<NdArray>(false), 9);
+        assert_eq!(merged_views_sum_as_the_unmerged::<Flex>(true), 3);
+    }
 
     /// Every permutation of a rank-4 Flex tensor, whole and sliced (an offset and gaps), copied
     /// by [`super::dense_copy`] against Flex's own row-major read of the same view; the views

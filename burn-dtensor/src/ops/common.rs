@@ -340,8 +340,21 @@ pub fn reduce_dim<B: Backend, K: Kind<B>>(
     run1::<B, K, K>(t, &s, shape, true, |at, x| match at {
         At::Device(_) => f(x, dim),
         // A stacked view (BatchNorm's `swap_dims(0, 1)` before its mean) made dense first where
-        // the backend would copy it element by element (`Kind::dense`).
-        At::Stacked(k) => f(K::dense(x), dim + k),
+        // the backend would copy it element by element (`Kind::dense`), then reduced with its
+        // leading dims merged where that is a view (`inner::merge_leading_view`: bitwise the
+        // same values, rank 3 or less for the backend's loops).
+        At::Stacked(k) => {
+            let x = K::dense(x);
+            match crate::inner::merge_leading_view(&x, dim + k) {
+                Some(merged) => {
+                    let mut out = x.shape().to_vec();
+                    out[dim + k] = 1;
+                    drop(x);
+                    K::reshape(f(merged, 1), out.into())
+                }
+                None => f(x, dim + k),
+            }
+        }
     })
 }
 
@@ -358,12 +371,16 @@ pub fn reduce_all<B: Backend, K: Kind<B>>(
     let s = reduce::reduce_all(&t.layout, &t.shape, op);
     run1::<B, K, K>(t, &s, vec![1], true, |at, x| match at {
         At::Device(_) => f(x),
-        // Per stacked shard: flatten the shard dims, reduce them to one element.
+        // Per stacked shard: the mesh dims merged, the shard dims flattened, each row reduced
+        // to one element (rank 2 whatever the mesh: see `inner::merge_leading`), then the mesh
+        // dims back.
         At::Stacked(k) => {
             let xs = x.shape();
-            let mut flat: Vec<usize> = xs[..k].to_vec();
-            flat.push(xs[k..].iter().product());
-            K::reduce_dim(K::reshape(x, flat.into()), k, op)
+            let mesh: usize = xs[..k].iter().product();
+            let flat = [mesh, xs[k..].iter().product()];
+            let mut out: Vec<usize> = xs[..k].to_vec();
+            out.push(1);
+            K::reshape(K::reduce_dim(K::reshape(x, flat.into()), 1, op), out.into())
         }
     })
 }
