@@ -54,7 +54,8 @@ pub struct Layout {
 
 /// Hashes the mesh by its id, not its contents (equal layouts have equal meshes, so equal ids:
 /// consistent with `Eq`). The derived hash walked the whole topology (axis names, process grid,
-/// engines) on every relayout plan lookup: 1.3% of the spatial IMDB step (NOTES.md, session 35).
+/// engines) on every relayout plan lookup: 1.6-1.9% of the spatial IMDB step (NOTES.md, session
+/// 35).
 impl std::hash::Hash for Layout {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         self.mesh.id.hash(state);

@@ -343,19 +343,28 @@ pub fn reduce_dim<B: Backend, K: Kind<B>>(
         // the backend would copy it element by element (`Kind::dense`), then reduced with its
         // leading dims merged where that is a view (`inner::merge_leading_view`: bitwise the
         // same values, rank 3 or less for the backend's loops).
-        At::Stacked(k) => {
-            let x = K::dense(x);
-            match crate::inner::merge_leading_view(&x, dim + k) {
-                Some(merged) => {
-                    let mut out = x.shape().to_vec();
-                    out[dim + k] = 1;
-                    drop(x);
-                    K::reshape(f(merged, 1), out.into())
-                }
-                None => f(x, dim + k),
-            }
-        }
+        At::Stacked(k) => on_merged_leading::<B, K>(K::dense(x), dim + k, &f),
     })
+}
+
+/// `f(x, d)`, a reduction of stacked primitive `x` along its dim `d` kept as size 1, run with the
+/// dims before `d` merged into one where that is a view ([`crate::inner::merge_leading_view`]:
+/// bitwise the same values, a lower rank for the backend's loops), and the result given `x`'s
+/// rank again; `f(x, d)` itself where they do not merge.
+fn on_merged_leading<B: Backend, K: Kind<B>>(
+    x: K::P,
+    d: usize,
+    f: impl Fn(K::P, usize) -> K::P,
+) -> K::P {
+    match crate::inner::merge_leading_view(&x, d) {
+        Some(merged) => {
+            let mut out = x.shape().to_vec();
+            out[d] = 1;
+            drop(x);
+            K::reshape(f(merged, 1), out.into())
+        }
+        None => f(x, d),
+    }
 }
 
 /// Reduction of all elements to shape `[1]`.
@@ -371,16 +380,15 @@ pub fn reduce_all<B: Backend, K: Kind<B>>(
     let s = reduce::reduce_all(&t.layout, &t.shape, op);
     run1::<B, K, K>(t, &s, vec![1], true, |at, x| match at {
         At::Device(_) => f(x),
-        // Per stacked shard: the mesh dims merged, the shard dims flattened, each row reduced
-        // to one element (rank 2 whatever the mesh: see `inner::merge_leading`), then the mesh
-        // dims back.
+        // Per stacked shard: the shard dims flattened and reduced to one element, with the mesh
+        // dims merged where that is a view (`on_merged_leading`).
         At::Stacked(k) => {
             let xs = x.shape();
-            let mesh: usize = xs[..k].iter().product();
-            let flat = [mesh, xs[k..].iter().product()];
-            let mut out: Vec<usize> = xs[..k].to_vec();
-            out.push(1);
-            K::reshape(K::reduce_dim(K::reshape(x, flat.into()), 1, op), out.into())
+            let mut flat: Vec<usize> = xs[..k].to_vec();
+            flat.push(xs[k..].iter().product());
+            on_merged_leading::<B, K>(K::reshape(x, flat.into()), k, |x, d| {
+                K::reduce_dim(x, d, op)
+            })
         }
     })
 }
