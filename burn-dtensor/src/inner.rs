@@ -201,6 +201,9 @@ macro_rules! ndarray_view {
                     let $a = s.clone().into_shared();
                     T::$v($view?.into())
                 })*
+                // Variants left out of the list (`sum_dim_fixed_rank`: floats only).
+                #[allow(unreachable_patterns)]
+                _ => return None,
             });
             out.downcast::<P>().ok().map(|p| *p)
         })()
@@ -288,6 +291,41 @@ pub fn merge_leading_view<P: burn::tensor::TensorMetadata + 'static>(t: &P, n: u
     }
     let _ = merged;
     None
+}
+
+/// The sum (`mean`: the mean) of primitive `t` along `dim`, kept as size 1, by `ndarray`'s own
+/// `sum_axis` / `mean_axis` on a fixed-rank view: an NdArray float array of rank 3 to 6, any
+/// strides. NdArray's `float_sum_dim` runs the same function on a dynamic-rank (`IxDyn`) array,
+/// which allocates an index per subview and per lane: with the stacked operands' mesh dims in
+/// front that bookkeeping was 3.7% of the spatial IMDB step (NOTES.md, session 36). The
+/// algorithm, the axis it picks from the strides (the generic `min_stride_axis`, which `IxDyn`
+/// and ranks 3-6 share) and so every sum are the same: bitwise the backend's op. `None` for
+/// other backends, dtypes and ranks (the caller runs the backend's op then).
+pub fn sum_dim_fixed_rank<P: 'static>(t: &P, dim: usize, mean: bool) -> Option<P> {
+    #[cfg(feature = "ndarray")]
+    {
+        macro_rules! fixed {
+            ($a:expr, $($r:literal => $ix:ty),*) => {
+                match $a.ndim() {
+                    $($r => {
+                        let v = $a.view().into_dimensionality::<$ix>().ok()?;
+                        let axis = ndarray::Axis(dim);
+                        let out = if mean { v.mean_axis(axis)? } else { v.sum_axis(axis) };
+                        Some(out.insert_axis(axis).into_dyn().into_shared())
+                    })*
+                    _ => None,
+                }
+            };
+        }
+        return ndarray_view!(@each t, false, |a| {
+            fixed!(a, 3 => ndarray::Ix3, 4 => ndarray::Ix4, 5 => ndarray::Ix5, 6 => ndarray::Ix6)
+        }; F64, F32);
+    }
+    #[allow(unreachable_code)]
+    {
+        let _ = (t, dim, mean);
+        None
+    }
 }
 
 /// Rows `rows` of dim 0 of primitive `t` as a view sharing its storage, where the backend's
@@ -548,6 +586,94 @@ mod tests {
     fn merged_leading_dims_sum_bitwise_as_unmerged() {
         assert_eq!(merged_views_sum_as_the_unmerged::<NdArray>(false), 9);
         assert_eq!(merged_views_sum_as_the_unmerged::<Flex>(true), 3);
+    }
+
+    /// NdArray's sums and means along every dim of rank 3-6 views (row-major, transposed,
+    /// broadcast, permuted) at a fixed rank are bitwise the backend's own `float_sum_dim` /
+    /// `float_mean_dim` (lengths 9 and 10 and these values round differently in another
+    /// summation order); rank 2, other backends and int tensors are left to the backend.
+    #[test]
+    fn fixed_rank_sums_bitwise_as_the_backend() {
+        use burn::tensor::backend::BackendTypes;
+        use burn::tensor::ops::FloatTensorOps;
+        use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
+        type B = NdArray;
+        type P = <B as BackendTypes>::FloatTensorPrimitive;
+        let device = Default::default();
+        let values: Vec<f32> = (0..1080)
+            .map(|i| (i as f32 * 0.37).sin() * 1e3 + 0.1)
+            .collect();
+        let flat = Tensor::<B, 1>::from_floats(values.as_slice(), &device);
+        // The values' bits, read through a rank-1 reshape (the shapes are compared apart).
+        let bits = |t: P| -> Vec<u32> {
+            use burn::tensor::TensorMetadata;
+            let n = t.shape().num_elements();
+            let d: TensorData = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(
+                B::float_reshape(t, [n].into()),
+            ))
+            .into_data();
+            d.as_slice::<f32>()
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect()
+        };
+        let mut checked = 0;
+        let mut check = |p: P, name: &str| {
+            use burn::tensor::TensorMetadata;
+            let rank = p.shape().num_dims();
+            for d in 0..rank {
+                for mean in [false, true] {
+                    let got = super::sum_dim_fixed_rank(&p, d, mean).expect("rank 3-6 f32");
+                    let want = if mean {
+                        B::float_mean_dim(p.clone(), d)
+                    } else {
+                        B::float_sum_dim(p.clone(), d)
+                    };
+                    assert_eq!(got.shape(), want.shape(), "{name}, dim {d}");
+                    assert_eq!(bits(got), bits(want), "{name}, dim {d}, mean {mean}");
+                    checked += 1;
+                }
+            }
+        };
+        let t3 = flat.clone().reshape([12, 9, 10]);
+        check(t3.clone().into_primitive().tensor(), "rank 3 row-major");
+        check(
+            t3.clone().swap_dims(1, 2).into_primitive().tensor(),
+            "rank 3 transposed",
+        );
+        let t4 = flat.clone().reshape([2, 6, 9, 10]);
+        check(
+            t4.clone().permute([2, 0, 3, 1]).into_primitive().tensor(),
+            "rank 4 permuted",
+        );
+        let b5 = flat
+            .clone()
+            .reshape([2, 6, 9, 10])
+            .slice([0..2, 0..1, 0..9, 0..10]);
+        check(
+            b5.reshape([2, 1, 1, 9, 10])
+                .expand([2, 3, 2, 9, 10])
+                .into_primitive()
+                .tensor(),
+            "rank 5 broadcast",
+        );
+        check(
+            flat.clone()
+                .reshape([2, 3, 2, 1, 9, 10])
+                .into_primitive()
+                .tensor(),
+            "rank 6",
+        );
+        assert_eq!(checked, 2 * (3 + 3 + 4 + 5 + 6));
+        let t2 = flat.clone().reshape([108, 10]).into_primitive().tensor();
+        assert!(super::sum_dim_fixed_rank(&t2, 0, false).is_none(), "rank 2");
+        let f = Tensor::<Flex, 3>::zeros([2, 3, 4], &Default::default())
+            .into_primitive()
+            .tensor();
+        assert!(super::sum_dim_fixed_rank(&f, 0, false).is_none(), "Flex");
+        let i = Tensor::<B, 3, Int>::zeros([2, 3, 4], &device).into_primitive();
+        assert!(super::sum_dim_fixed_rank(&i, 0, false).is_none(), "int");
     }
 
     /// Every permutation of a rank-4 Flex tensor, whole and sliced (an offset and gaps), copied

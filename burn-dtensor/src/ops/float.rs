@@ -28,6 +28,12 @@ macro_rules! arg_reduce {
     )*};
 }
 
+/// The inner sum along `d` (kept as size 1), at a fixed rank where NdArray would loop at a
+/// dynamic one ([`crate::inner::sum_dim_fixed_rank`]: bitwise the backend's op).
+fn sum_dim<B: Backend>(x: FloatTensor<B>, d: usize) -> FloatTensor<B> {
+    crate::inner::sum_dim_fixed_rank(&x, d, false).unwrap_or_else(|| B::float_sum_dim(x, d))
+}
+
 impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
     fn float_from_data(data: TensorData, device: &Device<Self>) -> FloatTensor<Self> {
         c::from_data::<B, F>(data, device)
@@ -217,7 +223,7 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
         c::linear_in(t, move |t| {
             let t = c::settle_hinted::<B, F>(t);
             let s = reduce::sum_dim(&t.layout, dim);
-            c::reduce_dim::<B, F>(t, s, dim, B::float_sum_dim)
+            c::reduce_dim::<B, F>(t, s, dim, sum_dim::<B>)
         })
     }
     /// Exact on uneven shards: over a sharded dim, each shard sums locally and divides by the
@@ -229,10 +235,13 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
             let n = t.shape[dim] as f64;
             if s.inputs[0].dims[dim].is_some() {
                 c::reduce_dim::<B, F>(t, s, dim, |x, d| {
-                    B::float_div_scalar(B::float_sum_dim(x, d), n.into())
+                    B::float_div_scalar(sum_dim::<B>(x, d), n.into())
                 })
             } else {
-                c::reduce_dim::<B, F>(t, s, dim, B::float_mean_dim)
+                c::reduce_dim::<B, F>(t, s, dim, |x, d| {
+                    crate::inner::sum_dim_fixed_rank(&x, d, true)
+                        .unwrap_or_else(|| B::float_mean_dim(x, d))
+                })
             }
         })
     }
