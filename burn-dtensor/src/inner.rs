@@ -297,7 +297,7 @@ pub fn merge_leading_view<P: burn::tensor::TensorMetadata + 'static>(t: &P, n: u
 /// `sum_axis` / `mean_axis` on a fixed-rank view: an NdArray float array of rank 3 to 6, any
 /// strides. NdArray's `float_sum_dim` runs the same function on a dynamic-rank (`IxDyn`) array,
 /// which allocates an index per subview and per lane: with the stacked operands' mesh dims in
-/// front that bookkeeping was 3.7% of the spatial IMDB step (NOTES.md, session 36). The
+/// front, NdArray's sums were 12% of the spatial IMDB step (NOTES.md, session 36). The
 /// algorithm, the axis it picks from the strides (the generic `min_stride_axis`, which `IxDyn`
 /// and ranks 3-6 share) and so every sum are the same: bitwise the backend's op. `None` for
 /// other backends, dtypes and ranks (the caller runs the backend's op then).

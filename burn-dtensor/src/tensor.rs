@@ -694,7 +694,10 @@ macro_rules! numeric_kind {
             }
             fn reduce_dim(t: Self::P, dim: usize, op: ReduceOp) -> Self::P {
                 match op {
-                    ReduceOp::Sum => B::$sum_dim(t, dim),
+                    // NdArray's stacked sums (a stacked all-reduce sums along a mesh dim) at a
+                    // fixed rank: bitwise the backend's op (`inner::sum_dim_fixed_rank`).
+                    ReduceOp::Sum => crate::inner::sum_dim_fixed_rank(&t, dim, false)
+                        .unwrap_or_else(|| B::$sum_dim(t, dim)),
                     ReduceOp::Max => B::$max_dim(t, dim),
                     ReduceOp::Min => B::$min_dim(t, dim),
                 }

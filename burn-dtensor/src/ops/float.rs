@@ -28,10 +28,12 @@ macro_rules! arg_reduce {
     )*};
 }
 
-/// The inner sum along `d` (kept as size 1), at a fixed rank where NdArray would loop at a
-/// dynamic one ([`crate::inner::sum_dim_fixed_rank`]: bitwise the backend's op).
+/// The inner sum along `d` (kept as size 1) as every stacked sum runs ([`Kind::reduce_dim`]: at
+/// a fixed rank where NdArray would loop at a dynamic one, bitwise the backend's op).
+///
+/// [`Kind::reduce_dim`]: crate::tensor::Kind::reduce_dim
 fn sum_dim<B: Backend>(x: FloatTensor<B>, d: usize) -> FloatTensor<B> {
-    crate::inner::sum_dim_fixed_rank(&x, d, false).unwrap_or_else(|| B::float_sum_dim(x, d))
+    <F as crate::tensor::Kind<B>>::reduce_dim(x, d, ReduceOp::Sum)
 }
 
 impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
