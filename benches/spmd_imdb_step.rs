@@ -78,6 +78,15 @@ fn median_step(mode: Mode, devices: usize, stacked: bool, steps: usize) -> f64 {
     times[times.len() / 2]
 }
 
+/// `f()`, or NaN when `SPMD_BENCH_VARIANT` (for a profiler) names another variant: `stacked`
+/// (the ordered reduction across processes), `per-device` or `engine`.
+fn timed(variant: &str, f: impl FnOnce() -> f64) -> f64 {
+    if std::env::var("SPMD_BENCH_VARIANT").is_ok_and(|v| v != variant) {
+        return f64::NAN;
+    }
+    f()
+}
+
 /// Prints one line per mode for the meshes of `devices` devices (8: the tutorial's; 2: one
 /// device per process on 2 processes), when the world's processes can split them.
 fn run_all(devices: usize, steps: usize) {
@@ -88,10 +97,14 @@ fn run_all(devices: usize, steps: usize) {
     }
     for mode in [Mode::Data, Mode::Model, Mode::Spatial] {
         let name = format!("{mode:?}").to_lowercase();
+        // `SPMD_BENCH_ONLY=model` (for a profiler): one mode.
+        if std::env::var("SPMD_BENCH_ONLY").is_ok_and(|only| only != name) {
+            continue;
+        }
         let mesh = mesh_of(mode, devices);
         if n == 1 {
-            let stacked = median_step(mode, devices, true, steps);
-            let per_device = median_step(mode, devices, false, steps);
+            let stacked = timed("stacked", || median_step(mode, devices, true, steps));
+            let per_device = timed("per-device", || median_step(mode, devices, false, steps));
             println!(
                 "{name:<8} {mesh:<26} 1 process   stacked {stacked:7.2} ms   per device {per_device:7.2} ms"
             );
@@ -99,10 +112,10 @@ fn run_all(devices: usize, steps: usize) {
             // Stacked: each process runs its positions as one stack (a process holding one
             // position runs it alone either way); per device: one inner op per position.
             burn_dtensor::configure(burn_dtensor::config().with_reduction(Reduction::Ordered));
-            let ordered = median_step(mode, devices, true, steps);
-            let per_device = median_step(mode, devices, false, steps);
+            let ordered = timed("stacked", || median_step(mode, devices, true, steps));
+            let per_device = timed("per-device", || median_step(mode, devices, false, steps));
             burn_dtensor::configure(burn_dtensor::config().with_reduction(Reduction::Engine));
-            let engine = median_step(mode, devices, true, steps);
+            let engine = timed("engine", || median_step(mode, devices, true, steps));
             if world.is_chief() {
                 println!(
                     "{name:<8} {mesh:<26} {n} processes ordered {ordered:7.2} ms   engine     {engine:7.2} ms   ordered per device {per_device:7.2} ms"
@@ -115,9 +128,21 @@ fn run_all(devices: usize, steps: usize) {
 fn main() {
     // `cargo test --all-targets` runs this binary without `--bench`: 2 timed steps, 1 and 2
     // processes, a smoke test.
-    let steps = if common::smoke() { 2 } else { 100 };
-    run_all(8, steps);
-    run_all(2, steps);
+    // `SPMD_BENCH_REPS=2000` and `SPMD_BENCH_DEVICES=8` (for a profiler): more steps, one mesh size.
+    let steps = if common::smoke() {
+        2
+    } else {
+        std::env::var("SPMD_BENCH_REPS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(100)
+    };
+    for devices in [8, 2] {
+        if std::env::var("SPMD_BENCH_DEVICES").is_ok_and(|d| d != devices.to_string()) {
+            continue;
+        }
+        run_all(devices, steps);
+    }
     if spmd::LaunchEnv::detect().is_ok_and(|l| l.is_multi_process()) {
         return;
     }

@@ -131,7 +131,17 @@ fn ordered_chunks<'a, B: Backend, K: Kind<B>>(
     op: ReduceOp,
     topo: &'a MeshTopology,
 ) -> impl Fn(&[K::P]) -> K::P + 'a {
-    let tree = as_tree::<B>(shards[group[0]].shape().num_elements());
+    ordered_reduction::<B, K>(shards[group[0]].shape().num_elements(), op, topo)
+}
+
+/// [`ordered_chunks`] for shards of `elements` elements: the element-wise reduction of all the
+/// given pieces, in order, in the shape (chain or tree) shards of that size are reduced in.
+pub(crate) fn ordered_reduction<'a, B: Backend, K: Kind<B>>(
+    elements: usize,
+    op: ReduceOp,
+    topo: &'a MeshTopology,
+) -> impl Fn(&[K::P]) -> K::P + 'a {
+    let tree = as_tree::<B>(elements);
     move |all| {
         let everyone: Vec<usize> = (0..all.len()).collect();
         reduce_group_as::<B, K>(all, &everyone, op, &topo.engines, tree)

@@ -3,9 +3,9 @@
 //! stack, for every sub-group of the axis at once. They record the same communication as their
 //! per-device counterparts in [`super::generic`] (bytes received, summed over this process's
 //! devices: all of them in one process), so [`CommDebugMode`](crate::CommDebugMode) reports the
-//! same figures in both forms. On a multi-process mesh they run only along an axis the process
-//! holds whole (`redistribute::execute`); along one that spans processes the stack goes per
-//! position through [`super::across`].
+//! same figures in both forms. On a multi-process mesh they run along an axis the process holds
+//! whole, and an all-reduce along any axis ([`all_reduce_across`]); along one that spans processes the other collectives take the
+//! stack per position through [`super::across`] (`redistribute::execute`).
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Shape, Slice, TensorMetadata};
@@ -37,6 +37,83 @@ pub fn all_reduce<B: Backend, K: Kind<B>>(
 ) -> K::P {
     record_all_reduce(&x, topo, axis, global);
     K::reduce_dim(x, axis, op)
+}
+
+/// All-reduce along `axis` when the axis spans processes (`pg`: its process group): one exchange
+/// across processes for all of this process's groups, where the per-position path
+/// ([`super::generic::all_reduce`]) runs one per group. The peers along the axis hold the same
+/// block of the other axes, stacked in the same order, and the reduction is element-wise, so the
+/// groups travel together:
+/// - [`Reduction::Engine`](crate::config::Reduction::Engine): this process's members reduced
+///   along the axis' leading dim (in coordinate order, as the per-position chain), then one
+///   engine all-reduce of the reduced stack;
+/// - [`Reduction::Ordered`](crate::config::Reduction::Ordered): one
+///   [`all_reduce_ordered`](super::across::all_reduce_ordered) whose members are the stack's
+///   slices at this process's coordinates of the axis, reduced in the shape (chain or tree) one
+///   shard is reduced in: every element in mesh coordinate order, so the values are bitwise the
+///   per-position path's.
+///
+/// Records what the per-position path records: per group, the in-process bytes and those its
+/// exchange receives from other processes.
+pub fn all_reduce_across<B: Backend, K: Kind<B>>(
+    x: K::P,
+    topo: &MeshTopology,
+    axis: usize,
+    op: ReduceOp,
+    global: &[usize],
+    pg: &std::sync::Arc<dyn super::interface::ProcessGroup>,
+) -> K::P {
+    let xs = x.shape().to_vec();
+    let k = xs[axis];
+    let shard: usize = xs[topo.ndim()..].iter().product();
+    let es = x.dtype().size();
+    let p = pg.size();
+    let (out, received) = match crate::config::config().reduction {
+        crate::config::Reduction::Engine => {
+            // The bytes the engine reduces per group: half floats are widened to f32 for it.
+            let widened = match x.dtype() {
+                burn::tensor::DType::F16 | burn::tensor::DType::BF16 => 4,
+                _ => es,
+            } * shard;
+            let local = K::reduce_dim(x, axis, op);
+            let (out, _) = super::across::all_reduce::<B, K>(local, pg, topo, axis, op, global);
+            (out, 2 * (p - 1) * widened / p)
+        }
+        crate::config::Reduction::Ordered => {
+            let n = xs.iter().product::<usize>() / k;
+            let members: Vec<K::P> = if xs[..axis].iter().all(|&d| d == 1) {
+                // The axis leads: each member is a run of rows, a view on NdArray.
+                let rows = K::reshape(x, Shape::new([k, n]));
+                (0..k)
+                    .map(|c| {
+                        let row = crate::inner::rows_view(&rows, c..c + 1)
+                            .unwrap_or_else(|| K::narrow(rows.clone(), 0, c..c + 1));
+                        K::reshape(row, Shape::new([n]))
+                    })
+                    .collect()
+            } else {
+                (0..k)
+                    .map(|c| K::reshape(K::narrow(x.clone(), axis, c..c + 1), Shape::new([n])))
+                    .collect()
+            };
+            let reduce = super::generic::ordered_reduction::<B, K>(shard, op, topo);
+            let (out, _) =
+                super::across::all_reduce_ordered::<B, K>(members, pg, topo, axis, global, reduce);
+            let out = K::reshape(out, Shape::from(with(&xs, axis, 1)));
+            // `k` members' chunk from each other process, then the others' reduced chunks.
+            let mine = crate::shard::chunk(shard, p, pg.rank()).len();
+            (out, ((p - 1) * k * mine + shard - mine) * es)
+        }
+    };
+    let groups = (topo.local_size() / k) as u64;
+    comm::record_across(
+        CollectiveKind::AllReduce,
+        topo.axis_name(axis),
+        groups * 2 * (k as u64 - 1) * (shard * es) as u64,
+        groups * received as u64,
+        global,
+    );
+    out
 }
 
 /// Records the all-reduce along `axis` of a stacked primitive `x` (or of any primitive with the

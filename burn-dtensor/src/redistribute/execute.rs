@@ -207,12 +207,14 @@ fn run<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout, steps: &[Step]) ->
     }
     if t.is_stacked() {
         let topo = &t.layout.mesh;
-        if steps
-            .iter()
-            .all(|s| topo.local_axis_size(s.axis()) == topo.axis_size(s.axis()))
-        {
+        if steps.iter().all(|s| {
+            topo.local_axis_size(s.axis()) == topo.axis_size(s.axis())
+                || matches!(s, Step::AllReduce { .. })
+        }) {
             // Every step along an axis this process holds whole (all of them in one process):
-            // on the stack, in mesh coordinate order, as one process holding the mesh does.
+            // on the stack, in mesh coordinate order, as one process holding the mesh does. An
+            // all-reduce runs on the stack along any axis: one exchange across processes for
+            // all of this process's groups.
             return run_stacked::<B, K>(t, to, steps);
         }
         // Along an axis that spans processes: the collectives run per position (in process,
@@ -273,7 +275,10 @@ fn run_stacked<B: Backend, K: Kind<B>>(
     let mut x = t.into_stack();
     for step in steps {
         x = match *step {
-            Step::AllReduce { axis, op } => c::all_reduce::<B, K>(x, &topo, axis, op, &shape),
+            Step::AllReduce { axis, op } => match collective::across::group(&topo, axis) {
+                Some(pg) => c::all_reduce_across::<B, K>(x, &topo, axis, op, &shape, pg),
+                None => c::all_reduce::<B, K>(x, &topo, axis, op, &shape),
+            },
             Step::ReduceScatter { axis, op, dim } => {
                 c::reduce_scatter::<B, K>(x, &topo, axis, op, dim, &shape)
             }
