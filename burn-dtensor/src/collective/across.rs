@@ -537,20 +537,21 @@ pub(crate) fn block(n: usize, k: usize, l: usize, q: usize) -> Range<usize> {
     chunk(n, k, q * l).start..chunk(n, k, (q + 1) * l - 1).end
 }
 
-/// The concatenation along `dim` of every process's `x` (each its block of the dim, see
-/// [`block`]): the across-process all-gather, with the bytes this process received.
+/// The concatenation along `dim` of every process's `x` (each its block of the dim, whose whole
+/// size is `n`, see [`block`]): the across-process all-gather, with the bytes this process
+/// received. `dim` indexes `x`'s own dims (a stacked primitive's tensor dims follow its mesh
+/// dims); `global` is the tensor's global shape, for messages.
 pub(crate) fn all_gather<B: Backend, K: Kind<B>>(
     x: K::P,
     pg: &Arc<dyn ProcessGroup>,
     topo: &MeshTopology,
     axis: usize,
-    dim: usize,
+    (dim, n): (usize, usize),
     global: &[usize],
 ) -> (K::P, u64) {
     let device = K::device(&x);
     let (mut full, dtype) = (x.shape().to_vec(), x.dtype());
     let data = Outgoing::new::<B, K>(x);
-    let n = global[dim];
     full[dim] = n;
     let (k, l) = (topo.axis_size(axis), topo.local_axis_size(axis));
     let row: usize = full

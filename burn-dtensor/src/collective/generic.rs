@@ -259,7 +259,8 @@ pub fn all_gather<B: Backend, K: Kind<B>>(
         let mut full = gather_group::<B, K>(shards, &group, dim, &topo.engines);
         bytes += (k - 1) * nbytes(&full);
         if let Some(pg) = pg {
-            let (v, b) = across::all_gather::<B, K>(full, pg, topo, axis, dim, global);
+            let (v, b) =
+                across::all_gather::<B, K>(full, pg, topo, axis, (dim, global[dim]), global);
             full = v;
             remote += b;
         }

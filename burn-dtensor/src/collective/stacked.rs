@@ -188,6 +188,38 @@ pub fn all_gather<B: Backend, K: Kind<B>>(
     gather_dims::<B, K>(x, k, axis, dim)
 }
 
+/// All-gather along `axis` onto tensor dim `dim` when the axis spans processes (`pg`: its
+/// process group): this process's members gathered in the stack ([`all_gather`]'s local step),
+/// then one exchange across processes for all of this process's groups
+/// ([`super::across::all_gather`] along the stack's dim of `dim`: the peers along the axis hold
+/// the same block of the other axes, stacked in the same order), where the per-position path
+/// ([`super::generic::all_gather`]) runs one per group. Records what that path records: per
+/// group, the in-process bytes and the other processes' blocks.
+pub fn all_gather_across<B: Backend, K: Kind<B>>(
+    x: K::P,
+    topo: &MeshTopology,
+    axis: usize,
+    dim: usize,
+    global: &[usize],
+    pg: &std::sync::Arc<dyn super::interface::ProcessGroup>,
+) -> K::P {
+    let nd = topo.ndim();
+    let (k, m) = (x.shape()[axis] as u64, topo.axis_size(axis) as u64);
+    let shard = shard_bytes(&x, nd);
+    let local = gather_dims::<B, K>(x, nd, axis, dim);
+    let (out, _) =
+        super::across::all_gather::<B, K>(local, pg, topo, axis, (nd + dim, global[dim]), global);
+    let groups = topo.local_size() as u64 / k;
+    comm::record_across(
+        CollectiveKind::AllGather,
+        topo.axis_name(axis),
+        groups * (k - 1) * k * shard,
+        groups * (m - k) * shard,
+        global,
+    );
+    out
+}
+
 fn gather_dims<B: Backend, K: Kind<B>>(x: K::P, k: usize, axis: usize, dim: usize) -> K::P {
     let xs = x.shape().to_vec();
     let p = k + dim;
@@ -265,10 +297,20 @@ pub fn local_chunk<B: Backend, K: Kind<B>>(
     dim: usize,
 ) -> K::P {
     let k = topo.ndim();
-    let m = topo.axis_size(axis);
     let xs = x.shape().to_vec();
     debug_assert_eq!(xs[axis], 1, "local chunk along an axis already in use");
     let p = k + dim;
+    // On a multi-process mesh, this process's coordinates of the axis: their chunks first.
+    let (m, l) = (topo.axis_size(axis), topo.local_axis_size(axis));
+    let (x, xs, m) = if l < m {
+        let len = xs[p] / m;
+        let origin = topo.local_origin(axis);
+        let x = K::narrow(x, p, origin * len..(origin + l) * len);
+        let xs = x.shape().to_vec();
+        (x, xs, l)
+    } else {
+        (x, xs, m)
+    };
     let n = xs[p];
     // Drop the axis' size-1 dim, split `dim` into (m, n / m); the m sits at p - 1.
     let mut split: Vec<usize> = xs[..axis].iter().chain(&xs[axis + 1..p]).copied().collect();

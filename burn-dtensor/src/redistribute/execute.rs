@@ -209,12 +209,16 @@ fn run<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout, steps: &[Step]) ->
         let topo = &t.layout.mesh;
         if steps.iter().all(|s| {
             topo.local_axis_size(s.axis()) == topo.axis_size(s.axis())
-                || matches!(s, Step::AllReduce { .. })
+                || matches!(
+                    s,
+                    Step::AllReduce { .. } | Step::AllGather { .. } | Step::LocalChunk { .. }
+                )
         }) {
             // Every step along an axis this process holds whole (all of them in one process):
             // on the stack, in mesh coordinate order, as one process holding the mesh does. An
-            // all-reduce runs on the stack along any axis: one exchange across processes for
-            // all of this process's groups.
+            // all-reduce or all-gather runs on the stack along any axis (one exchange across
+            // processes for all of this process's groups), and so does a local chunk (no
+            // exchange).
             return run_stacked::<B, K>(t, to, steps);
         }
         // Along an axis that spans processes: the collectives run per position (in process,
@@ -282,7 +286,10 @@ fn run_stacked<B: Backend, K: Kind<B>>(
             Step::ReduceScatter { axis, op, dim } => {
                 c::reduce_scatter::<B, K>(x, &topo, axis, op, dim, &shape)
             }
-            Step::AllGather { axis, dim } => c::all_gather::<B, K>(x, &topo, axis, dim, &shape),
+            Step::AllGather { axis, dim } => match collective::across::group(&topo, axis) {
+                Some(pg) => c::all_gather_across::<B, K>(x, &topo, axis, dim, &shape, pg),
+                None => c::all_gather::<B, K>(x, &topo, axis, dim, &shape),
+            },
             Step::AllToAll { axis, from, to } => {
                 c::all_to_all::<B, K>(x, &topo, axis, from, to, &shape)
             }
