@@ -302,9 +302,10 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
     ///
     /// A process holding several positions on one inner device (a virtual mesh per process)
     /// runs them stacked, as one process does ([`crate::stack`]: each op once on the stacked
-    /// shards of its block); collectives along an axis it holds whole run on the stack, those
-    /// along an axis that spans processes per position, combined in process before they go
-    /// across processes through the engine (MPI on host memory).
+    /// shards of its block); collectives along an axis it holds whole run on the stack, and so do
+    /// all-reduces and all-gathers along an axis that spans processes (combined in process, then
+    /// one exchange across processes for all of the process's groups, through the engine: MPI
+    /// on host memory); reduce-scatters and all-to-alls along such an axis run per position.
     ///
     /// # Errors
     /// As [`Mesh::new`] for the axes; [`DTensorError::ProcessGrid`] when the processes' devices
