@@ -4,8 +4,10 @@
 //! per-device counterparts in [`super::generic`] (bytes received, summed over this process's
 //! devices: all of them in one process), so [`CommDebugMode`](crate::CommDebugMode) reports the
 //! same figures in both forms. On a multi-process mesh they run along an axis the process holds
-//! whole, and an all-reduce along any axis ([`all_reduce_across`]); along one that spans processes the other collectives take the
-//! stack per position through [`super::across`] (`redistribute::execute`).
+//! whole; along one that spans processes, all-reduces ([`all_reduce_across`]), all-gathers
+//! ([`all_gather_across`]) and local chunks run on the stack too, with one exchange through
+//! [`super::across`] for all of the process's groups, and the other collectives take the stack
+//! per position (`redistribute::execute`).
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Shape, Slice, TensorMetadata};
@@ -45,8 +47,9 @@ pub fn all_reduce<B: Backend, K: Kind<B>>(
 /// block of the other axes, stacked in the same order, and the reduction is element-wise, so the
 /// groups travel together:
 /// - [`Reduction::Engine`](crate::config::Reduction::Engine): this process's members reduced
-///   along the axis' leading dim (in coordinate order, as the per-position chain), then one
-///   engine all-reduce of the reduced stack;
+///   along the axis' dim by one inner op (the backend's order: on NdArray the per-position
+///   chain's, coordinate order, for shards that path does not reduce as a tree; the engine's
+///   reduction promises no order), then one engine all-reduce of the reduced stack;
 /// - [`Reduction::Ordered`](crate::config::Reduction::Ordered): one
 ///   [`all_reduce_ordered`](super::across::all_reduce_ordered) whose members are the stack's
 ///   slices at this process's coordinates of the axis, reduced in the shape (chain or tree) one

@@ -222,9 +222,8 @@ fn run<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout, steps: &[Step]) ->
             return run_stacked::<B, K>(t, to, steps);
         }
         // A reduce-scatter or all-to-all along an axis that spans processes: the collectives
-        // run per position (in process,
-        // then across processes: the ordered reduction's order, the accounting of the
-        // unstacked path), the result is stacked again.
+        // run per position (in process, then across processes: the ordered reduction's order,
+        // the accounting of the unstacked path), the result is stacked again.
         let r = run::<B, K>(stack::to_per_device::<B, K>(t), to, steps);
         return if stack::stackable(to, &r.shape) {
             stack::to_stacked::<B, K>(r)
