@@ -7,6 +7,20 @@
 //! copies, reshapes taken as views. Each answer only changes speed, never values (the
 //! equivalence suites run every backend against the oracle either way).
 
+/// Per-shard work from which the shards of one op run on rayon's pool; below it, waking the
+/// pool (a futex round trip per op) costs more than it saves. Work is counted in elements of
+/// the largest input shard, and for matmul as multiply-adds / [`MATMUL_WORK_PER_ELEMENT`](crate::ops::dispatch::MATMUL_WORK_PER_ELEMENT).
+///
+/// Default 256 Ki (1 MiB of f32 per shard). Measured on a 2-core machine (NOTES.md): at 16 Ki,
+/// the IMDB step's `[1200, 48]` per-shard gradients and their sums ran on the pool and the
+/// data-parallel step took 1.62 ms against 1.27 ms serial; the 20000 -> 4096 MLP's shards
+/// (millions of elements) gain 1.6x from the pool.
+/// [`Config::parallel_min_elements`](crate::Config::parallel_min_elements) (or
+/// `BURN_DTENSOR_PAR_MIN`).
+pub(crate) fn par_min() -> usize {
+    crate::config::config().parallel_min_elements
+}
+
 /// Whether shards of inner backend `B` may run on worker threads: only CPU backends (NdArray,
 /// Flex), whose ops are plain computations on the calling thread. CubeCL backends (Wgpu, Cuda)
 /// give each submitting thread its own stream; kernels for shards of one device submitted from

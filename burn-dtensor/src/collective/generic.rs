@@ -13,9 +13,8 @@ use super::across;
 use super::engine::LocalEngines;
 use super::interface::ReduceOp;
 use crate::comm::{self, CollectiveKind};
-use crate::inner::threads_for;
+use crate::inner::{par_min, threads_for};
 use crate::mesh::MeshTopology;
-use crate::ops::dispatch::par_min;
 use crate::shard::chunk;
 use crate::tensor::Kind;
 
@@ -481,6 +480,31 @@ pub fn pad_partial<B: Backend, K: Kind<B>>(
     let k = topo.axis_size(axis);
     for (i, s) in shards.iter_mut().enumerate() {
         let r = chunk(n, k, topo.coord(topo.global(i), axis));
-        *s = super::stacked::pad_dim::<B, K>(s.clone(), dim, r.start, n - r.end);
+        *s = pad_dim::<B, K>(s.clone(), dim, r.start, n - r.end);
     }
+}
+
+/// `x` with `before` and `after` zeros added along `dim`.
+pub(crate) fn pad_dim<B: Backend, K: Kind<B>>(
+    x: K::P,
+    dim: usize,
+    before: usize,
+    after: usize,
+) -> K::P {
+    let zeros = |len: usize| {
+        let mut shape = x.shape().to_vec();
+        shape[dim] = len;
+        K::zeros(Shape::from(shape), &K::device(&x), x.dtype())
+    };
+    let mut parts = Vec::with_capacity(3);
+    if before > 0 {
+        parts.push(zeros(before));
+    }
+    let tail = (after > 0).then(|| zeros(after));
+    parts.push(x);
+    parts.extend(tail);
+    if parts.len() == 1 {
+        return parts.pop().expect("one part");
+    }
+    K::cat(parts, dim)
 }

@@ -402,33 +402,8 @@ pub fn pad_partial<B: Backend, K: Kind<B>>(
             let mut s = vec![Slice::full(); xs.len()];
             s[axis] = Slice::new(c as isize, Some(c as isize + 1), 1);
             let xc = K::slice(x.clone(), &s);
-            pad_dim::<B, K>(xc, p, c * len, (m - 1 - c) * len)
+            super::generic::pad_dim::<B, K>(xc, p, c * len, (m - 1 - c) * len)
         })
         .collect();
     K::cat(parts, axis)
-}
-
-/// `x` with `before` and `after` zeros added along `dim`.
-pub(crate) fn pad_dim<B: Backend, K: Kind<B>>(
-    x: K::P,
-    dim: usize,
-    before: usize,
-    after: usize,
-) -> K::P {
-    let zeros = |len: usize| {
-        let mut shape = x.shape().to_vec();
-        shape[dim] = len;
-        K::zeros(Shape::from(shape), &K::device(&x), x.dtype())
-    };
-    let mut parts = Vec::with_capacity(3);
-    if before > 0 {
-        parts.push(zeros(before));
-    }
-    let tail = (after > 0).then(|| zeros(after));
-    parts.push(x);
-    parts.extend(tail);
-    if parts.len() == 1 {
-        return parts.pop().expect("one part");
-    }
-    K::cat(parts, dim)
 }

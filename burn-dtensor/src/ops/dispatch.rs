@@ -9,7 +9,7 @@
 use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
 
-use crate::inner::threads_for;
+use crate::inner::{par_min, threads_for};
 use crate::layout::Layout;
 use crate::redistribute::{execute, execute_stacked};
 use crate::rules::Strategy;
@@ -41,20 +41,6 @@ pub(crate) fn dedupe_plan<D: PartialEq>(layouts: &[&Layout], devices: &[D]) -> V
     (0..devices.len())
         .map(|i| (0..i).find(|&j| keys[j] == keys[i] && devices[j] == devices[i]))
         .collect()
-}
-
-/// Per-shard work from which the shards of one op run on rayon's pool; below it, waking the
-/// pool (a futex round trip per op) costs more than it saves. Work is counted in elements of
-/// the largest input shard, and for matmul as multiply-adds / [`MATMUL_WORK_PER_ELEMENT`].
-///
-/// Default 256 Ki (1 MiB of f32 per shard). Measured on a 2-core machine (NOTES.md): at 16 Ki,
-/// the IMDB step's `[1200, 48]` per-shard gradients and their sums ran on the pool and the
-/// data-parallel step took 1.62 ms against 1.27 ms serial; the 20000 -> 4096 MLP's shards
-/// (millions of elements) gain 1.6x from the pool.
-/// [`Config::parallel_min_elements`](crate::Config::parallel_min_elements) (or
-/// `BURN_DTENSOR_PAR_MIN`).
-pub(crate) fn par_min() -> usize {
-    crate::config::config().parallel_min_elements
 }
 
 /// Multiply-adds of a matmul worth one element of element-wise work in [`par_min`]'s count
