@@ -61,18 +61,24 @@ impl<P: TensorMetadata + Clone + 'static> Outgoing<P> {
     }
 }
 
-/// The bytes of `x` for an engine reduction and the dtype they are reduced in: half floats have
-/// no MPI type and are downloaded widened to f32 (the caller narrows the result back), every
-/// other dtype as it is ([`Outgoing::new`]).
+/// The dtype the engine reduces values of `dtype` in: half floats have no MPI type and are
+/// widened to f32 (the caller narrows the result back), every other dtype is its own.
+pub(crate) fn reduction_dtype(dtype: DType) -> DType {
+    match dtype {
+        DType::F16 | DType::BF16 => DType::F32,
+        d => d,
+    }
+}
+
+/// The bytes of `x` for an engine reduction and the dtype they are reduced in
+/// ([`reduction_dtype`]): a widened download for half floats, else the bytes as they are
+/// ([`Outgoing::new`]).
 fn for_reduction<B: Backend, K: Kind<B>>(x: K::P) -> (Outgoing<K::P>, DType) {
-    if matches!(x.dtype(), DType::F16 | DType::BF16) {
-        (
-            Outgoing::Copy(K::into_host(x).convert_dtype(DType::F32)),
-            DType::F32,
-        )
+    let work = reduction_dtype(x.dtype());
+    if work != x.dtype() {
+        (Outgoing::Copy(K::into_host(x).convert_dtype(work)), work)
     } else {
-        let dtype = x.dtype();
-        (Outgoing::new::<B, K>(x), dtype)
+        (Outgoing::new::<B, K>(x), work)
     }
 }
 
@@ -99,7 +105,7 @@ pub(crate) fn all_reduce<B: Backend, K: Kind<B>>(
     // second buffer of the message's size (fresh pages faulted in on every step).
     let mut x = x;
     let dtype = x.dtype();
-    if !matches!(dtype, DType::F16 | DType::BF16)
+    if reduction_dtype(dtype) == dtype
         && let Some(bytes) = crate::inner::host_bytes_mut(&mut x)
     {
         let n = bytes.len() as u64;

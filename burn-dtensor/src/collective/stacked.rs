@@ -73,11 +73,8 @@ pub fn all_reduce_across<B: Backend, K: Kind<B>>(
     let p = pg.size();
     let (out, received) = match crate::config::config().reduction {
         crate::config::Reduction::Engine => {
-            // The bytes the engine reduces per group: half floats are widened to f32 for it.
-            let widened = match x.dtype() {
-                burn::tensor::DType::F16 | burn::tensor::DType::BF16 => 4,
-                _ => es,
-            } * shard;
+            // The bytes the engine reduces per group (half floats widened).
+            let widened = super::across::reduction_dtype(x.dtype()).size() * shard;
             let local = K::reduce_dim(x, axis, op);
             let (out, _) = super::across::all_reduce::<B, K>(local, pg, topo, axis, op, global);
             (out, 2 * (p - 1) * widened / p)
