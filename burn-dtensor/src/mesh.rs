@@ -303,9 +303,9 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
     /// A process holding several positions on one inner device (a virtual mesh per process)
     /// runs them stacked, as one process does ([`crate::stack`]: each op once on the stacked
     /// shards of its block); collectives along an axis it holds whole run on the stack, and so do
-    /// all-reduces and all-gathers along an axis that spans processes (combined in process, then
-    /// one exchange across processes for all of the process's groups, through the engine: MPI
-    /// on host memory); reduce-scatters and all-to-alls along such an axis run per position.
+    /// all-reduces, all-gathers, reduce-scatters and all-to-alls along an axis that spans
+    /// processes (combined in process, then one exchange across processes for all of the
+    /// process's groups, through the engine: MPI on host memory).
     ///
     /// # Errors
     /// As [`Mesh::new`] for the axes; [`DTensorError::ProcessGrid`] when the processes' devices

@@ -437,14 +437,16 @@ pub(crate) fn reduce_scatter_ordered<B: Backend, K: Kind<B>>(
 /// The across-process all-to-all along `axis`, moving only what each process keeps: `x` is this
 /// process's block (its block of `from_dim`, see [`block`]; whole along `to_dim`); process `q`
 /// receives from every process the part of its block that lies in `q`'s block of `to_dim`,
-/// and lays them end to end along `from_dim`. Returns the tensor whole along `from_dim` (global
-/// size `global[from_dim]`) and this process's block of `to_dim`, and the bytes received.
+/// and lays them end to end along `from_dim`. Returns the tensor whole along `from_dim` (of
+/// length `n_from`) and this process's block of `to_dim`, and the bytes received. `from_dim`
+/// and `to_dim` index `x`'s own dims (a stacked primitive's tensor dims follow its mesh dims);
+/// `global` is the tensor's global shape, for messages.
 pub(crate) fn all_to_all<B: Backend, K: Kind<B>>(
     x: K::P,
     pg: &Arc<dyn ProcessGroup>,
     topo: &MeshTopology,
     axis: usize,
-    (from_dim, to_dim): (usize, usize),
+    ((from_dim, n_from), to_dim): ((usize, usize), usize),
     global: &[usize],
 ) -> (K::P, u64) {
     let device = K::device(&x);
@@ -453,7 +455,7 @@ pub(crate) fn all_to_all<B: Backend, K: Kind<B>>(
     let es = dtype.size();
     let (k, l) = (topo.axis_size(axis), topo.local_axis_size(axis));
     let (p, me) = (pg.size(), pg.rank());
-    let (n_from, n_to) = (global[from_dim], shape[to_dim]);
+    let n_to = shape[to_dim];
     let with = |base: &[usize], d: usize, r: Range<usize>| -> Vec<Range<usize>> {
         (0..base.len())
             .map(|i| if i == d { r.clone() } else { 0..base[i] })

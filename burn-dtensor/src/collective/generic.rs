@@ -369,8 +369,9 @@ pub fn all_to_all<B: Backend, K: Kind<B>>(
             let block = gather_group::<B, K>(shards, &group, from_dim, &topo.engines);
             bytes += (l - 1) * nbytes(&block);
             let n_to = block.shape()[to_dim];
+            let from = (from_dim, global[from_dim]);
             let (mine, b) =
-                across::all_to_all::<B, K>(block, pg, topo, axis, (from_dim, to_dim), global);
+                across::all_to_all::<B, K>(block, pg, topo, axis, (from, to_dim), global);
             remote += b;
             let base = across::block(n_to, k, l as usize, pg.rank()).start;
             for &i in &group {

@@ -5,9 +5,10 @@
 //! devices: all of them in one process), so [`CommDebugMode`](crate::CommDebugMode) reports the
 //! same figures in both forms. On a multi-process mesh they run along an axis the process holds
 //! whole; along one that spans processes, all-reduces ([`all_reduce_across`]), all-gathers
-//! ([`all_gather_across`]) and local chunks run on the stack too, with one exchange through
-//! [`super::across`] for all of the process's groups, and the other collectives take the stack
-//! per position (`redistribute::execute`).
+//! ([`all_gather_across`]), reduce-scatters ([`reduce_scatter_across`]), all-to-alls
+//! ([`all_to_all_across`]) and local chunks run on the stack too, with one exchange through
+//! [`super::across`] for all of the process's groups; only a pending sum made or padded along
+//! such an axis takes the stack per position (`redistribute::execute`).
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Shape, Slice, TensorMetadata};
@@ -81,21 +82,10 @@ pub fn all_reduce_across<B: Backend, K: Kind<B>>(
         }
         crate::config::Reduction::Ordered => {
             let n = xs.iter().product::<usize>() / k;
-            let members: Vec<K::P> = if xs[..axis].iter().all(|&d| d == 1) {
-                // The axis leads: each member is a run of rows, a view on NdArray.
-                let rows = K::reshape(x, Shape::new([k, n]));
-                (0..k)
-                    .map(|c| {
-                        let row = crate::inner::rows_view(&rows, c..c + 1)
-                            .unwrap_or_else(|| K::narrow(rows.clone(), 0, c..c + 1));
-                        K::reshape(row, Shape::new([n]))
-                    })
-                    .collect()
-            } else {
-                (0..k)
-                    .map(|c| K::reshape(K::narrow(x.clone(), axis, c..c + 1), Shape::new([n])))
-                    .collect()
-            };
+            let members: Vec<K::P> = members::<B, K>(x, axis)
+                .into_iter()
+                .map(|m| K::reshape(m, Shape::new([n])))
+                .collect();
             let reduce = super::generic::ordered_reduction::<B, K>(shard, op, topo);
             let (out, _) =
                 super::across::all_reduce_ordered::<B, K>(members, pg, topo, axis, global, reduce);
@@ -114,6 +104,37 @@ pub fn all_reduce_across<B: Backend, K: Kind<B>>(
         global,
     );
     out
+}
+
+/// The slices of the stack at each index of `axis` (this process's coordinates of it, in
+/// order), each shaped as the stack with 1 along the axis: views on NdArray when the axis leads
+/// (a run of rows, [`crate::inner::rows_view`]), else the backend's `narrow`.
+fn members<B: Backend, K: Kind<B>>(x: K::P, axis: usize) -> Vec<K::P> {
+    let xs = x.shape().to_vec();
+    let (k, one) = (xs[axis], Shape::from(with(&xs, axis, 1)));
+    if xs[..axis].iter().all(|&d| d == 1) {
+        let rows = K::reshape(x, Shape::new([k, xs.iter().product::<usize>() / k]));
+        (0..k)
+            .map(|c| {
+                let row = crate::inner::rows_view(&rows, c..c + 1)
+                    .unwrap_or_else(|| K::narrow(rows.clone(), 0, c..c + 1));
+                K::reshape(row, one.clone())
+            })
+            .collect()
+    } else {
+        (0..k)
+            .map(|c| K::narrow(x.clone(), axis, c..c + 1))
+            .collect()
+    }
+}
+
+/// How many of this process's positions each slot of the stack `x` stands for: 1, unless the
+/// stack holds a replicated axis once (size 1, broadcast to its positions). An exchange of the
+/// stack moves that many times fewer bytes than the per-position path, whose count the
+/// accounting keeps.
+fn positions_per_slot<P: TensorMetadata>(x: &P, topo: &MeshTopology) -> u64 {
+    let slots: usize = x.shape()[..topo.ndim()].iter().product();
+    (topo.local_size() / slots) as u64
 }
 
 /// Records the all-reduce along `axis` of a stacked primitive `x` (or of any primitive with the
@@ -146,6 +167,63 @@ pub fn reduce_scatter<B: Backend, K: Kind<B>>(
 ) -> K::P {
     record_reduce_scatter(&x, topo, axis, global);
     local_chunk::<B, K>(K::reduce_dim(x, axis, op), topo, axis, dim)
+}
+
+/// Reduce-scatter along `axis` onto tensor dim `dim` when the axis spans processes (`pg`: its
+/// process group): one exchange across processes for all of this process's groups, where the
+/// per-position path ([`super::generic::reduce_scatter`]) runs one per group. Every process
+/// receives the reduction of its block of `dim` (the chunks of its coordinates of the axis,
+/// [`super::across::block`]) for every group at once, and each of its positions keeps its chunk:
+/// - [`Reduction::Engine`](crate::config::Reduction::Engine): this process's members reduced
+///   along the axis' dim by one inner op, then one engine reduce-scatter
+///   ([`super::across::reduce_scatter`], `MPI_Reduce_scatter`);
+/// - [`Reduction::Ordered`](crate::config::Reduction::Ordered): one
+///   [`reduce_scatter_ordered`](super::across::reduce_scatter_ordered) whose members are the
+///   stack's slices at this process's coordinates, reduced in the shape (chain or tree) one
+///   shard is reduced in: bitwise the per-position path's values.
+///
+/// Records what the per-position path records: per group, the in-process bytes and those its
+/// exchange receives from other processes.
+pub fn reduce_scatter_across<B: Backend, K: Kind<B>>(
+    x: K::P,
+    topo: &MeshTopology,
+    (axis, op): (usize, ReduceOp),
+    dim: usize,
+    global: &[usize],
+    pg: &std::sync::Arc<dyn super::interface::ProcessGroup>,
+) -> K::P {
+    let nd = topo.ndim();
+    let l = x.shape()[axis];
+    let shard = shard_bytes(&x, nd);
+    let per_position = positions_per_slot(&x, topo);
+    let (block, received) = match crate::config::config().reduction {
+        crate::config::Reduction::Engine => {
+            let local = K::reduce_dim(x, axis, op);
+            super::across::reduce_scatter::<B, K>(local, pg, topo, (axis, nd + dim), op, global)
+        }
+        crate::config::Reduction::Ordered => {
+            let elements = x.shape()[nd..].iter().product();
+            let reduce = super::generic::ordered_reduction::<B, K>(elements, op, topo);
+            let members = members::<B, K>(x, axis);
+            super::across::reduce_scatter_ordered::<B, K>(
+                members,
+                pg,
+                topo,
+                (axis, nd + dim),
+                global,
+                reduce,
+            )
+        }
+    };
+    let groups = (topo.local_size() / l) as u64;
+    comm::record_across(
+        CollectiveKind::ReduceScatter,
+        topo.axis_name(axis),
+        groups * (l as u64 - 1) * shard,
+        received * per_position,
+        global,
+    );
+    chunks_onto_axis::<B, K>(block, nd, axis, dim, l)
 }
 
 /// Records the reduce-scatter along `axis` of a stacked tensor `x` (the partial tensor's
@@ -296,21 +374,36 @@ pub fn local_chunk<B: Backend, K: Kind<B>>(
     axis: usize,
     dim: usize,
 ) -> K::P {
-    let k = topo.ndim();
-    let xs = x.shape().to_vec();
-    debug_assert_eq!(xs[axis], 1, "local chunk along an axis already in use");
-    let p = k + dim;
+    let p = topo.ndim() + dim;
+    debug_assert_eq!(
+        x.shape()[axis],
+        1,
+        "local chunk along an axis already in use"
+    );
     // On a multi-process mesh, this process's coordinates of the axis: their chunks first.
     let (m, l) = (topo.axis_size(axis), topo.local_axis_size(axis));
-    let (x, xs, m) = if l < m {
-        let len = xs[p] / m;
+    let x = if l < m {
+        let len = x.shape()[p] / m;
         let origin = topo.local_origin(axis);
-        let x = K::narrow(x, p, origin * len..(origin + l) * len);
-        let xs = x.shape().to_vec();
-        (x, xs, l)
+        K::narrow(x, p, origin * len..(origin + l) * len)
     } else {
-        (x, xs, m)
+        x
     };
+    chunks_onto_axis::<B, K>(x, topo.ndim(), axis, dim, l)
+}
+
+/// Primitive dim `k + dim` (`k` mesh dims) cut in `m` equal chunks, chunk `c` at index `c` of
+/// the axis' size-1 leading dim `axis`: [`local_chunk`] on the part of the dim this process
+/// holds (`m` its coordinates of the axis).
+fn chunks_onto_axis<B: Backend, K: Kind<B>>(
+    x: K::P,
+    k: usize,
+    axis: usize,
+    dim: usize,
+    m: usize,
+) -> K::P {
+    let xs = x.shape().to_vec();
+    let p = k + dim;
     let n = xs[p];
     // Drop the axis' size-1 dim, split `dim` into (m, n / m); the m sits at p - 1.
     let mut split: Vec<usize> = xs[..axis].iter().chain(&xs[axis + 1..p]).copied().collect();
@@ -355,6 +448,41 @@ pub fn all_to_all<B: Backend, K: Kind<B>>(
     );
     let whole = gather_dims::<B, K>(x, k, axis, from);
     local_chunk::<B, K>(whole, topo, axis, to)
+}
+
+/// All-to-all along `axis`, from sharding tensor dim `from` to sharding `to`, when the axis
+/// spans processes (`pg`: its process group): this process's members joined along `from` in the
+/// stack (its block of `from`), then one exchange across processes for all of its groups
+/// ([`super::across::all_to_all`]: each process receives only the parts in its block of `to`),
+/// where the per-position path ([`super::generic::all_to_all`]) runs one per group; each
+/// position keeps its chunk of `to`. Records what that path records: per group, the
+/// in-process bytes and those received from other processes.
+pub fn all_to_all_across<B: Backend, K: Kind<B>>(
+    x: K::P,
+    topo: &MeshTopology,
+    axis: usize,
+    (from, to): (usize, usize),
+    global: &[usize],
+    pg: &std::sync::Arc<dyn super::interface::ProcessGroup>,
+) -> K::P {
+    let nd = topo.ndim();
+    let xs = x.shape().to_vec();
+    let (l, m) = (xs[axis], topo.axis_size(axis));
+    let shard = shard_bytes(&x, nd);
+    let per_position = positions_per_slot(&x, topo);
+    let local = gather_dims::<B, K>(x, nd, axis, from);
+    let whole_from = (nd + from, m * xs[nd + from]);
+    let (mine, received) =
+        super::across::all_to_all::<B, K>(local, pg, topo, axis, (whole_from, nd + to), global);
+    let groups = (topo.local_size() / l) as u64;
+    comm::record_across(
+        CollectiveKind::AllToAll,
+        topo.axis_name(axis),
+        groups * (l as u64 - 1) * l as u64 * shard,
+        received * per_position,
+        global,
+    );
+    chunks_onto_axis::<B, K>(mine, nd, axis, to, l)
 }
 
 /// A replicated value made partial along `axis` (no communication): for a sum, index 0 keeps the

@@ -209,21 +209,16 @@ fn run<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout, steps: &[Step]) ->
         let topo = &t.layout.mesh;
         if steps.iter().all(|s| {
             topo.local_axis_size(s.axis()) == topo.axis_size(s.axis())
-                || matches!(
-                    s,
-                    Step::AllReduce { .. } | Step::AllGather { .. } | Step::LocalChunk { .. }
-                )
+                || !matches!(s, Step::MakePartial { .. } | Step::PadPartial { .. })
         }) {
             // Every step along an axis this process holds whole (all of them in one process):
-            // on the stack, in mesh coordinate order, as one process holding the mesh does. An
-            // all-reduce or all-gather runs on the stack along any axis (one exchange across
-            // processes for all of this process's groups), and so does a local chunk (no
-            // exchange).
+            // on the stack, in mesh coordinate order, as one process holding the mesh does. A
+            // collective runs on the stack along any axis (one exchange across processes for
+            // all of this process's groups), and so does a local chunk (no exchange).
             return run_stacked::<B, K>(t, to, steps);
         }
-        // A reduce-scatter or all-to-all along an axis that spans processes: the collectives
-        // run per position (in process, then across processes: the ordered reduction's order,
-        // the accounting of the unstacked path), the result is stacked again.
+        // A pending sum made or padded along an axis that spans processes: the steps run per
+        // position (each knows its coordinate of the axis), the result is stacked again.
         let r = run::<B, K>(stack::to_per_device::<B, K>(t), to, steps);
         return if stack::stackable(to, &r.shape) {
             stack::to_stacked::<B, K>(r)
@@ -283,16 +278,18 @@ fn run_stacked<B: Backend, K: Kind<B>>(
                 Some(pg) => c::all_reduce_across::<B, K>(x, &topo, axis, op, &shape, pg),
                 None => c::all_reduce::<B, K>(x, &topo, axis, op, &shape),
             },
-            Step::ReduceScatter { axis, op, dim } => {
-                c::reduce_scatter::<B, K>(x, &topo, axis, op, dim, &shape)
-            }
+            Step::ReduceScatter { axis, op, dim } => match collective::across::group(&topo, axis) {
+                Some(pg) => c::reduce_scatter_across::<B, K>(x, &topo, (axis, op), dim, &shape, pg),
+                None => c::reduce_scatter::<B, K>(x, &topo, axis, op, dim, &shape),
+            },
             Step::AllGather { axis, dim } => match collective::across::group(&topo, axis) {
                 Some(pg) => c::all_gather_across::<B, K>(x, &topo, axis, dim, &shape, pg),
                 None => c::all_gather::<B, K>(x, &topo, axis, dim, &shape),
             },
-            Step::AllToAll { axis, from, to } => {
-                c::all_to_all::<B, K>(x, &topo, axis, from, to, &shape)
-            }
+            Step::AllToAll { axis, from, to } => match collective::across::group(&topo, axis) {
+                Some(pg) => c::all_to_all_across::<B, K>(x, &topo, axis, (from, to), &shape, pg),
+                None => c::all_to_all::<B, K>(x, &topo, axis, from, to, &shape),
+            },
             Step::LocalChunk { axis, dim } => c::local_chunk::<B, K>(x, &topo, axis, dim),
             Step::MakePartial { axis, op } => c::make_partial::<B, K>(x, &topo, axis, op),
             Step::PadPartial { axis, dim } => c::pad_partial::<B, K>(x, &topo, axis, dim),
