@@ -458,12 +458,15 @@ fn process_local_input_across_processes() {
 }
 
 /// A matmul contracting over a dim sharded across processes on both operands (a data-parallel
-/// weight gradient `x^T @ g`): with the ordered reduction each process gathers the contracting
-/// dim of both operands and computes the whole matmul, bitwise NdArray's on the whole tensors
-/// (what one process holding the mesh stacked computes), the output settled and the
-/// collectives all-gathers; with the engine reduction it stays a partial sum, reduced by the
-/// engine (equal to float tolerance). Shapes where the partial products outnumber the operands
-/// (`[12, 8] @ [8, 10]` over 2 or 4 batch shards), as the one-process rule requires.
+/// weight gradient `x^T @ g`): with the ordered reduction each device computes its block of the
+/// output's rows over the whole contracting dim (the left operand's rows moved onto the batch
+/// axis by an all-to-all, the right operand gathered), and the output is gathered: bitwise
+/// NdArray's on the whole tensors (what one process holding the mesh stacked computes), the
+/// output settled and no reduction among the collectives; rows the batch axis does not divide
+/// (`[14, 8]` on 4 shards) gather the contracting dim and compute the whole matmul on every
+/// process instead, bitwise too. With the engine reduction it stays a partial sum, reduced by
+/// the engine (equal to float tolerance). Shapes where the partial products outnumber the
+/// operands (`[12, 8] @ [8, 10]` over 2 or 4 batch shards), as the one-process rule requires.
 #[test]
 fn contraction_across_processes() {
     let name = "contraction_across_processes";
@@ -479,12 +482,15 @@ fn contraction_across_processes() {
             .collect();
         TensorData::new(v, shape)
     };
-    let (a, b) = (wavy([8, 12], 0.3), wavy([8, 10], 1.7));
-    let want = Tensor::<N, 2>::from_data(a.clone(), &dev)
-        .transpose()
-        .matmul(Tensor::<N, 2>::from_data(b.clone(), &dev))
-        .into_data();
-    for m in meshes() {
+    for (rows, m) in [12, 14]
+        .into_iter()
+        .flat_map(|rows| meshes().into_iter().map(move |m| (rows, m)))
+    {
+        let (a, b) = (wavy([8, rows], 0.3), wavy([8, 10], 1.7));
+        let want = Tensor::<N, 2>::from_data(a.clone(), &dev)
+            .transpose()
+            .matmul(Tensor::<N, 2>::from_data(b.clone(), &dev))
+            .into_data();
         let first = m.topology().axes()[0].0.clone();
         let batch = Layout::new(&m, [first.as_str(), UNSHARDED]).unwrap();
         let x: Tensor<DB, 2> = distribute(a.clone(), &batch).unwrap();
@@ -492,13 +498,20 @@ fn contraction_across_processes() {
         burn_dtensor::configure(burn_dtensor::config().with_reduction(spmd::Reduction::Ordered));
         let (y, log) = burn_dtensor::record_comms(|| x.clone().transpose().matmul(g.clone()));
         assert!(!y.layout().is_partial(), "{m}: {}", y.layout());
+        let kinds: Vec<CollectiveKind> = log.events.iter().map(|e| e.kind).collect();
+        let split = rows % m.topology().axes()[0].1 == 0;
         assert!(
-            log.events
-                .iter()
-                .all(|e| e.kind == burn_dtensor::CollectiveKind::AllGather),
-            "{m}: {log:?}"
+            kinds.iter().all(
+                |&k| k == CollectiveKind::AllGather || (split && k == CollectiveKind::AllToAll)
+            ),
+            "{m} rows {rows}: {log:?}"
         );
-        assert_eq!(y.into_data(), want, "{m}: ordered, bitwise");
+        assert_eq!(
+            kinds.contains(&CollectiveKind::AllToAll),
+            split,
+            "{m} rows {rows}: {log:?}"
+        );
+        assert_eq!(y.into_data(), want, "{m} rows {rows}: ordered, bitwise");
         burn_dtensor::configure(burn_dtensor::config().with_reduction(spmd::Reduction::Engine));
         let y = x.transpose().matmul(g);
         assert!(y.layout().is_partial(), "{m}: {}", y.layout());

@@ -483,21 +483,37 @@ where
     };
     // Across processes, with the ordered reduction, the same contraction: the contracting dim is
     // gathered on both operands and the whole matmul computed once per process: the one-process
-    // run's arithmetic, bitwise, and fewer bytes than gathering every partial product.
+    // run's arithmetic, bitwise, and fewer bytes than gathering every partial product. Where
+    // the left operand's rows are free, each device computes only its block of them (every
+    // element still summed over the whole contracting dim in the matmul's order), and the
+    // output is gathered: a fraction of the multiply-adds on each process.
     if lhs.layout.mesh.multi
         && crate::config::config().reduction == crate::config::Reduction::Ordered
         && one_process_contracts()
     {
         let g = rules::matmul::gathered_contraction(&s);
+        let split = rules::matmul::row_split_contraction(&s, &lhs.shape);
+        let run = split.as_ref().unwrap_or(&g);
         // Stacked where the process holds several positions: one product per distinct weight
         // shard, as per position, and the output already in the stacked form its consumer (the
         // optimizer's update of a stacked parameter) reads.
-        return run2_weighted::<B, K, K, K>(lhs, rhs, &g, shape, true, weigh, move |at, x, y| {
-            match at {
+        let out = run2_weighted::<B, K, K, K>(
+            lhs,
+            rhs,
+            run,
+            shape,
+            true,
+            weigh,
+            move |at, x, y| match at {
                 At::Stacked(k) => stack::matmul::<B, K>(x, y, k, &f),
                 At::Device(_) => f(x, y),
-            }
-        });
+            },
+        );
+        return match split {
+            Some(_) => crate::redistribute::redistribute::<B, K>(out, &g.output)
+                .unwrap_or_else(|e| panic!("burn-dtensor: {e}")),
+            None => out,
+        };
     }
     if s.output.mesh.stacked && !s.output.mesh.multi && one_process_contracts() {
         let x = execute_stacked::<B, K>(lhs, &s.inputs[0]);

@@ -101,6 +101,42 @@ pub fn matmul(lhs: &Layout, ls: &[usize], rhs: &Layout, rs: &[usize], keep: Keep
     }
 }
 
+/// The row-split form of [`gathered_contraction`]: where `s` contracts over exactly one mesh
+/// axis `a` (its output partial over `a` alone) and leaves the left operand's rows `m` free, the
+/// rows are sharded over `a` instead: the left operand `[..., m@a, k]` (an all-to-all from
+/// `[..., m, k@a]`), the right one gathered along `k`, and the output `[..., m@a, n]`, settled.
+/// Each device computes its block of rows with the whole contraction, so every element is
+/// summed over `k` in the one matmul's order, as [`gathered_contraction`]'s is, at `1/size(a)`
+/// of its multiply-adds; gathering the output to `gathered_contraction(s).output` gives its
+/// value. A data-parallel weight gradient `xᵀ @ g` (`[d_in, tokens@batch] @ [tokens@batch,
+/// d_out]`) is one. `None` when another axis also contracts, the rows are sharded, the right
+/// operand's `n` uses `a`, or `size(a)` does not divide `m` (global shape `ls` of the left).
+pub fn row_split_contraction(s: &Strategy, ls: &[usize]) -> Option<Strategy> {
+    let out = &s.output;
+    let mut axes = (0..out.mesh.ndim()).filter(|&a| out.partial[a].is_some());
+    let (Some(a), None) = (axes.next(), axes.next()) else {
+        return None;
+    };
+    let r = ls.len();
+    let (mut lhs, mut rhs) = (s.inputs[0].clone(), s.inputs[1].clone());
+    if lhs.dims[r - 2].is_some()
+        || lhs.dims[r - 1] != Some(a)
+        || rhs.dims[r - 1] == Some(a)
+        || !ls[r - 2].is_multiple_of(out.mesh.axis_size(a))
+    {
+        return None;
+    }
+    lhs.dims[r - 2] = Some(a);
+    lhs.dims[r - 1] = None;
+    rhs.dims[r - 2] = None;
+    let mut output = out.without_partial();
+    output.dims[r - 2] = Some(a);
+    Some(Strategy {
+        inputs: vec![lhs, rhs],
+        output,
+    })
+}
+
 /// The whole-contraction form of a partial matmul strategy `s`: the contracting dim gathered on
 /// both operands (each keeps its other dims' sharding) and the output settled (`s.output`
 /// without its pending sums). What a multi-process mesh runs where one process would contract
