@@ -25,10 +25,9 @@
 //! *local* extent ([`crate::MeshTopology::local_axis_size`]), index `c` being the process's
 //! coordinate `local_origin + c`. Compute runs stacked as in one process, and so do the
 //! collectives along an axis the process holds whole. Along an axis that spans processes,
-//! the collectives and local chunks run on the stack too (combined in process, then one
-//! exchange across processes for all of the process's groups: `collective::stacked`); only a
-//! pending sum made or padded along such an axis goes per position (`redistribute::execute`).
-//! Results and communication accounting are those of the per-position path in both cases.
+//! every relayout step runs on the stack too (the collectives combined in process, then one
+//! exchange across processes for all of the process's groups: `collective::stacked`). Results
+//! and communication accounting are those of the per-position path.
 //!
 //! Stacked form applies when the mesh allows it ([`crate::MeshTopology::is_stacked`]: virtual,
 //! not switched off) and the layout splits every sharded dim evenly with no empty dim; other

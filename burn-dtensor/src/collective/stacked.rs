@@ -6,9 +6,9 @@
 //! same figures in both forms. On a multi-process mesh they run along an axis the process holds
 //! whole; along one that spans processes, all-reduces ([`all_reduce_across`]), all-gathers
 //! ([`all_gather_across`]), reduce-scatters ([`reduce_scatter_across`]), all-to-alls
-//! ([`all_to_all_across`]) and local chunks run on the stack too, with one exchange through
-//! [`super::across`] for all of the process's groups; only a pending sum made or padded along
-//! such an axis takes the stack per position (`redistribute::execute`).
+//! ([`all_to_all_across`]) run on the stack too, with one exchange through [`super::across`]
+//! for all of the process's groups, and so do the steps without communication (local chunks,
+//! pending sums made or padded), on this process's coordinates of the axis.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Shape, Slice, TensorMetadata};
@@ -485,48 +485,58 @@ pub fn all_to_all_across<B: Backend, K: Kind<B>>(
     chunks_onto_axis::<B, K>(mine, nd, axis, to, l)
 }
 
-/// A replicated value made partial along `axis` (no communication): for a sum, index 0 keeps the
-/// value and the others hold zeros; for max and min every index keeps it.
+/// A replicated value made partial along `axis` (no communication): for a sum, coordinate 0 of
+/// the axis keeps the value and the others hold zeros; for max and min every coordinate keeps
+/// it. On a multi-process mesh the stack holds this process's coordinates of the axis (see
+/// [`MeshTopology::local_axis_size`]): only the process holding coordinate 0 keeps the sum's
+/// value.
 pub fn make_partial<B: Backend, K: Kind<B>>(
     x: K::P,
     topo: &MeshTopology,
     axis: usize,
     op: ReduceOp,
 ) -> K::P {
-    let m = topo.axis_size(axis);
+    let l = topo.local_axis_size(axis);
+    let zeros = |x: &K::P, n: usize| {
+        let xs = x.shape().to_vec();
+        K::zeros(Shape::from(with(&xs, axis, n)), &K::device(x), x.dtype())
+    };
     let parts = match op {
+        ReduceOp::Sum if topo.local_origin(axis) != 0 => return zeros(&x, l),
+        ReduceOp::Sum if l == 1 => return x,
         ReduceOp::Sum => {
-            let xs = x.shape().to_vec();
-            let zeros = K::zeros(
-                Shape::from(with(&xs, axis, m - 1)),
-                &K::device(&x),
-                x.dtype(),
-            );
-            vec![x, zeros]
+            let rest = zeros(&x, l - 1);
+            vec![x, rest]
         }
-        ReduceOp::Max | ReduceOp::Min => vec![x; m],
+        ReduceOp::Max | ReduceOp::Min => vec![x; l],
     };
     K::cat(parts, axis)
 }
 
 /// Tensor dim `dim`, sharded over `axis`, made a pending sum over it (see
-/// `Step::PadPartial` in `redistribute/plan.rs`): slot `c` of the axis' leading dim gets its chunk
-/// at offset `c * len` of the whole dim, zeros elsewhere. No communication.
+/// `Step::PadPartial` in `redistribute/plan.rs`): the slot of coordinate `c` of the axis gets its
+/// chunk at offset `c * len` of the whole dim, zeros elsewhere. No communication. On a
+/// multi-process mesh the stack's slots are this process's coordinates of the axis.
 pub fn pad_partial<B: Backend, K: Kind<B>>(
     x: K::P,
     topo: &MeshTopology,
     axis: usize,
     dim: usize,
 ) -> K::P {
-    let m = topo.axis_size(axis);
+    let (m, l, origin) = (
+        topo.axis_size(axis),
+        topo.local_axis_size(axis),
+        topo.local_origin(axis),
+    );
     let p = topo.ndim() + dim;
     let xs = x.shape().to_vec();
     let len = xs[p];
-    let parts = (0..m)
-        .map(|c| {
+    let parts = (0..l)
+        .map(|i| {
             let mut s = vec![Slice::full(); xs.len()];
-            s[axis] = Slice::new(c as isize, Some(c as isize + 1), 1);
+            s[axis] = Slice::new(i as isize, Some(i as isize + 1), 1);
             let xc = K::slice(x.clone(), &s);
+            let c = origin + i;
             super::generic::pad_dim::<B, K>(xc, p, c * len, (m - 1 - c) * len)
         })
         .collect();

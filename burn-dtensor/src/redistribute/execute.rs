@@ -206,25 +206,9 @@ fn run<B: Backend, K: Kind<B>>(t: DTensor<K::P>, to: &Layout, steps: &[Step]) ->
         return stack::output(t.shape.clone(), to.clone(), d.reduced.clone());
     }
     if t.is_stacked() {
-        let topo = &t.layout.mesh;
-        if steps.iter().all(|s| {
-            topo.local_axis_size(s.axis()) == topo.axis_size(s.axis())
-                || !matches!(s, Step::MakePartial { .. } | Step::PadPartial { .. })
-        }) {
-            // Every step along an axis this process holds whole (all of them in one process):
-            // on the stack, in mesh coordinate order, as one process holding the mesh does. A
-            // collective runs on the stack along any axis (one exchange across processes for
-            // all of this process's groups), and so does a local chunk (no exchange).
-            return run_stacked::<B, K>(t, to, steps);
-        }
-        // A pending sum made or padded along an axis that spans processes: the steps run per
-        // position (each knows its coordinate of the axis), the result is stacked again.
-        let r = run::<B, K>(stack::to_per_device::<B, K>(t), to, steps);
-        return if stack::stackable(to, &r.shape) {
-            stack::to_stacked::<B, K>(r)
-        } else {
-            r
-        };
+        // On the stack, in mesh coordinate order, as one process holding the mesh does; along
+        // an axis that spans processes, one exchange for all of this process's groups.
+        return run_stacked::<B, K>(t, to, steps);
     }
     let topo = t.layout.mesh.clone();
     let shape = t.shape.clone();

@@ -69,21 +69,6 @@ pub enum Step {
     },
 }
 
-impl Step {
-    /// The mesh axis the step works along.
-    pub fn axis(&self) -> usize {
-        match *self {
-            Step::AllReduce { axis, .. }
-            | Step::ReduceScatter { axis, .. }
-            | Step::AllGather { axis, .. }
-            | Step::AllToAll { axis, .. }
-            | Step::LocalChunk { axis, .. }
-            | Step::MakePartial { axis, .. }
-            | Step::PadPartial { axis, .. } => axis,
-        }
-    }
-}
-
 type Cache = Mutex<HashMap<(Layout, Layout), Arc<Vec<Step>>>>;
 fn cache() -> &'static Cache {
     static C: OnceLock<Cache> = OnceLock::new();
