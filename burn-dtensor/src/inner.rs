@@ -5,7 +5,9 @@
 //! trait for them, so they are read from the backend's type name, here and nowhere else. An
 //! inner backend not named here gets what suits a GPU backend: no worker threads, no dense
 //! copies, reshapes taken as views. Each answer only changes speed, never values (the
-//! equivalence suites run every backend against the oracle either way).
+//! equivalence suites run every backend against the oracle either way), except
+//! [`rows_split_exactly`], which is `true` only where a split matmul is known to be bitwise the
+//! whole one.
 
 /// Per-shard work from which the shards of one op run on rayon's pool; below it, waking the
 /// pool (a futex round trip per op) costs more than it saves. Work is counted in elements of
@@ -56,6 +58,18 @@ pub fn exclusive_device<D: std::fmt::Debug>(device: &D) -> bool {
 /// CubeCL kernels broadcast natively.
 pub fn prefer_dense<B>() -> bool {
     std::any::type_name::<B>().starts_with("burn_flex::")
+}
+
+/// Whether inner backend `B`'s matmul computes every output element by the same operations
+/// whatever the number of rows `m`: NdArray only (`matrixmultiply`'s GEMM: a block size along
+/// the contracting dim fixed per kernel, never split, each element accumulated over it in
+/// order). Then a contraction split by rows across processes is bitwise the whole one
+/// (`rules::matmul::row_split_contraction`). Flex's GEMM (the `gemm` crate) chooses its blocking
+/// from the shape, and CubeCL picks kernels and tiles by shape, so for them the answer is
+/// `false` and the whole contraction runs on every process: the only answer of this module that
+/// would change values if it were wrong, so it is `true` only where known.
+pub fn rows_split_exactly<B>() -> bool {
+    std::any::type_name::<B>().starts_with("burn_ndarray::")
 }
 
 /// Whether inner backend `B` copies the data on every reshape: NdArray (its `reshape` returns an

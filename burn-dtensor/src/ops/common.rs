@@ -486,13 +486,16 @@ where
     // run's arithmetic, bitwise, and fewer bytes than gathering every partial product. Where
     // the left operand's rows are free, each device computes only its block of them (every
     // element still summed over the whole contracting dim in the matmul's order), and the
-    // output is gathered: a fraction of the multiply-adds on each process.
+    // output is gathered: a fraction of the multiply-adds on each process. Only where the
+    // inner GEMM is known to compute each element alike whatever the rows (NdArray).
     if lhs.layout.mesh.multi
         && crate::config::config().reduction == crate::config::Reduction::Ordered
         && one_process_contracts()
     {
         let g = rules::matmul::gathered_contraction(&s);
-        let split = rules::matmul::row_split_contraction(&s, &lhs.shape);
+        let split = crate::inner::rows_split_exactly::<B>()
+            .then(|| rules::matmul::row_split_contraction(&s, &lhs.shape))
+            .flatten();
         let run = split.as_ref().unwrap_or(&g);
         // Stacked where the process holds several positions: one product per distinct weight
         // shard, as per position, and the output already in the stacked form its consumer (the

@@ -108,8 +108,9 @@ pub fn matmul(lhs: &Layout, ls: &[usize], rhs: &Layout, rs: &[usize], keep: Keep
 /// Each device computes its block of rows with the whole contraction, so every element is
 /// summed over `k` in the one matmul's order, as [`gathered_contraction`]'s is, at `1/size(a)`
 /// of its multiply-adds; gathering the output to `gathered_contraction(s).output` gives its
-/// value. A data-parallel weight gradient `xᵀ @ g` (`[d_in, tokens@batch] @ [tokens@batch,
-/// d_out]`) is one. `None` when another axis also contracts, the rows are sharded, the right
+/// value, bitwise where the inner matmul's per-element operations do not depend on the rows
+/// (`inner::rows_split_exactly`, which `ops::common::matmul` asks first). A data-parallel
+/// weight gradient `xᵀ @ g` (`[d_in, tokens@batch] @ [tokens@batch, d_out]`) is one. `None` when another axis also contracts, the rows are sharded, the right
 /// operand's `n` uses `a`, or `size(a)` does not divide `m` (global shape `ls` of the left).
 pub fn row_split_contraction(s: &Strategy, ls: &[usize]) -> Option<Strategy> {
     let out = &s.output;
