@@ -12,7 +12,7 @@ use std::sync::Arc;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape, TensorData, TensorMetadata};
 
-use super::interface::{ProcessGroup, ReduceOp, offsets};
+use super::interface::{ProcessGroup, ReduceOp, offsets, write_bytes};
 use crate::comm::CollectiveKind;
 use crate::host::{self, HostBuffer};
 use crate::mesh::MeshTopology;
@@ -52,6 +52,13 @@ impl<P: TensorMetadata + Clone + 'static> Outgoing<P> {
             }
         }
         Outgoing::Copy(K::into_host(x))
+    }
+    /// The primitive whose bytes are read in place, if they are.
+    fn in_place(&self) -> Option<&P> {
+        match self {
+            Outgoing::InPlace(x) => Some(x),
+            Outgoing::Copy(_) => None,
+        }
     }
     fn bytes(&self) -> &[u8] {
         match self {
@@ -197,17 +204,20 @@ const ROUND_BYTES: usize = 8 << 20;
 /// along `dim` at the end. `reduce` is element-wise (its shape, chain or tree, is fixed by the
 /// caller from the whole shards), so every element is reduced as in one exchange: the rounds
 /// change the memory, never a bit of the result. Peak beside the input: one round's send buffer,
-/// its received blocks and their copies as tensors, and the block produced (twice while the
-/// slices are concatenated). Returns this process's reduced block (the members' shape with
-/// `ranges(me).len()` along `dim`) and the bytes it received.
+/// its received blocks as a tensor, and what `emit` keeps of the block produced.
+///
+/// Each round's reduced slice goes to `emit` with its range of `dim` within this process's
+/// block (`0..ranges(me).len()`; the slice has the members' shape with that length along `dim`);
+/// the ranges of the rounds tile the block, in order (empty slices are not emitted). Returns the
+/// bytes this process received.
 fn reduce_own_block<B: Backend, K: Kind<B>>(
     mut members: Vec<K::P>,
     pg: &Arc<dyn ProcessGroup>,
-    dim: usize,
-    ranges: &dyn Fn(usize) -> Range<usize>,
+    (dim, ranges): (usize, &dyn Fn(usize) -> Range<usize>),
     w: &str,
     reduce: &dyn Fn(&[K::P]) -> K::P,
-) -> (K::P, u64) {
+    emit: &mut dyn FnMut(Range<usize>, K::P),
+) -> u64 {
     let device = K::device(&members[0]);
     let shape = members[0].shape().to_vec();
     let dtype = members[0].dtype();
@@ -235,18 +245,6 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
     } else {
         Vec::new()
     };
-    // This process's reduced block, assembled on the host slice by slice (aligned: it becomes
-    // the tensor without a copy). One round keeps the reduced tensor as it is.
-    let mine_box = |r: usize| {
-        let mut b = boxed(me, r);
-        b[dim] = b[dim].start - ranges(me).start..b[dim].end - ranges(me).start;
-        b
-    };
-    let mut out_shape = shape.clone();
-    out_shape[dim] = ranges(me).len();
-    let mut out =
-        (rounds > 1).then(|| HostBuffer::zeroed(out_shape.iter().product::<usize>() * es, dtype));
-    let mut whole = None;
     let mut received = 0u64;
     // One member, cut along a dim that only size-1 dims precede (the flattened all-reduce, a
     // reduce-scatter of dim 0): every process's slice of every round is one run of the
@@ -264,6 +262,13 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
     };
     for r in 0..rounds {
         // Process q's parts: slice r of its range of each member, member-major.
+        let mine = boxed(me, r);
+        // This process's own slice of a member sent from where it lies, cut along dim 0: read
+        // there as a view, not sent to itself through the engine (a copy of `1/p` of the round).
+        let own: Option<K::P> = match source.as_ref().and_then(Outgoing::in_place) {
+            Some(m) if dim == 0 => crate::inner::rows_view(m, mine[0].clone()),
+            _ => None,
+        };
         let mut send = host::scratch(0);
         let mut send_counts = Vec::with_capacity(p);
         let mut send_at = Vec::with_capacity(p);
@@ -271,7 +276,8 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
             let at = send.len();
             let part = boxed(q, r);
             if source.is_some() {
-                send_counts.push(host::box_numel(&part) * es);
+                let skip = q == me && own.is_some();
+                send_counts.push(if skip { 0 } else { host::box_numel(&part) * es });
                 send_at.push(part[dim].start * run);
                 continue;
             }
@@ -297,14 +303,21 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
             Some(src) => src.bytes(),
             None => &send,
         };
-        let mine = boxed(me, r);
         let c = host::box_numel(&mine);
-        let recv_counts = vec![l * c * es; p];
+        let recv_counts: Vec<usize> = (0..p)
+            .map(|q| {
+                if q == me && own.is_some() {
+                    0
+                } else {
+                    l * c * es
+                }
+            })
+            .collect();
         let recv_at = offsets(&recv_counts);
         // SAFETY: the parts at `recv_at` tile `got`; the engine writes all of them
         // (`ProcessGroup`'s contract).
         let got = unsafe {
-            HostBuffer::received(p * l * c * es, dtype, |got| {
+            HostBuffer::received(recv_counts.iter().sum(), dtype, |got| {
                 pg.all_to_all_placed(
                     bytes,
                     (&send_counts, &send_at),
@@ -320,46 +333,32 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
             continue;
         }
         // Every member's slice, in coordinate order (process-major, then its members): views
-        // of one tensor made of the received buffer as it is (no copy per block).
+        // of one tensor made of the received buffer as it is (no copy per block), and the own
+        // view where it was not sent.
         // The blocks lie end to end along dim 0 of the box's shape, so each is a narrow of it.
         let mut all_shape: Vec<usize> = mine.iter().map(|r| r.len()).collect();
         let rows = all_shape[0];
-        all_shape[0] *= p * l;
+        all_shape[0] *= if own.is_some() { (p - 1) * l } else { p * l };
         let all = K::from_data(got.into_data(all_shape, dtype), &device);
+        let mut next = 0..;
         let blocks: Vec<K::P> = (0..p * l)
-            .map(|j| {
-                let r = j * rows..(j + 1) * rows;
-                crate::inner::rows_view(&all, r.clone())
-                    .unwrap_or_else(|| K::narrow(all.clone(), 0, r))
+            .map(|j| match &own {
+                Some(own) if j / l == me => own.clone(),
+                _ => {
+                    let j = next.next().expect("unbounded");
+                    let r = j * rows..(j + 1) * rows;
+                    crate::inner::rows_view(&all, r.clone())
+                        .unwrap_or_else(|| K::narrow(all.clone(), 0, r))
+                }
             })
             .collect();
         drop(all);
         let piece = reduce(&blocks);
         drop(blocks);
-        match &mut out {
-            Some(out) => {
-                let bytes = Outgoing::new::<B, K>(piece);
-                host::write_box(
-                    &out_shape,
-                    es,
-                    &mine_box(r),
-                    bytes.bytes(),
-                    out.as_bytes_mut(),
-                )
-            }
-            None => whole = Some(piece),
-        }
+        let at = ranges(me).start;
+        emit(mine[dim].start - at..mine[dim].end - at, piece);
     }
-    drop((source, hosts, members));
-    let out = match (out, whole) {
-        (_, Some(whole)) => whole,
-        (Some(out), None) => K::from_data(out.into_data(out_shape, dtype), &device),
-        (None, None) => K::from_data(
-            HostBuffer::zeroed(0, dtype).into_data(out_shape, dtype),
-            &device,
-        ),
-    };
-    (out, received)
+    received
 }
 
 /// The deterministic form of the across-process all-reduce, in bounded memory: the flattened
@@ -394,17 +393,24 @@ pub(crate) fn all_reduce_ordered<B: Backend, K: Kind<B>>(
         .map(|t| K::reshape(t, Shape::new([m])))
         .collect();
     let w = what(CollectiveKind::AllReduce, topo, axis, global);
-    let (mine, got) = reduce_own_block::<B, K>(flat, pg, 0, &part, &w, &reduce);
-    let mine = Outgoing::new::<B, K>(mine);
     let counts: Vec<usize> = (0..p).map(|q| part(q).len() * es).collect();
-    // SAFETY: the engine writes all of `all` (`ProcessGroup`'s contract).
+    let at = part(pg.rank()).start * es;
+    let mut got = 0;
+    // This process's reduced chunk is written, round by round, where it lies in the result; the
+    // all-gather then fills in the others' chunks around it (in place: no copy of the own one).
+    // SAFETY: the rounds' slices tile this process's chunk (`reduce_own_block`), so the own part
+    // is initialised before the in-place all-gather, which writes every other byte of `all`
+    // (`ProcessGroup`'s contract).
     let all = unsafe {
         HostBuffer::received(m * es, dtype, |all| {
-            pg.all_gather_into(mine.bytes(), &counts, all, &w)
+            got = reduce_own_block::<B, K>(flat, pg, (0, &part), &w, &reduce, &mut |r, piece| {
+                let piece = Outgoing::new::<B, K>(piece);
+                write_bytes(&mut all[at + r.start * es..at + r.end * es], piece.bytes());
+            });
+            pg.all_gather_in_place(all, &counts, &w)
         })
     };
-    let received = got + (m * es - mine.bytes().len()) as u64;
-    drop(mine);
+    let received = got + (m * es - counts[pg.rank()]) as u64;
     let out = K::from_data(all.into_data(shape.to_vec(), dtype), &device);
     (out, received)
 }
@@ -431,7 +437,36 @@ pub(crate) fn reduce_scatter_ordered<B: Backend, K: Kind<B>>(
     let (n, k, l) = (members[0].shape()[dim], topo.axis_size(axis), members.len());
     let w = what(CollectiveKind::ReduceScatter, topo, axis, global);
     let ranges = |q: usize| block(n, k, l, q);
-    reduce_own_block::<B, K>(members, pg, dim, &ranges, &w, &reduce)
+    let (device, dtype) = (K::device(&members[0]), members[0].dtype());
+    let es = dtype.size();
+    let mut out_shape = members[0].shape().to_vec();
+    out_shape[dim] = ranges(pg.rank()).len();
+    // The block as the one round's reduced tensor, or assembled on the host slice by slice
+    // (aligned: it becomes the tensor without a copy).
+    let (mut whole, mut out) = (None, None);
+    let received =
+        reduce_own_block::<B, K>(members, pg, (dim, &ranges), &w, &reduce, &mut |r, piece| {
+            if r.len() == out_shape[dim] {
+                whole = Some(piece);
+                return;
+            }
+            let out = out.get_or_insert_with(|| {
+                HostBuffer::zeroed(out_shape.iter().product::<usize>() * es, dtype)
+            });
+            let mut at: Vec<Range<usize>> = out_shape.iter().map(|&n| 0..n).collect();
+            at[dim] = r;
+            let bytes = Outgoing::new::<B, K>(piece);
+            host::write_box(&out_shape, es, &at, bytes.bytes(), out.as_bytes_mut())
+        });
+    let out = match (whole, out) {
+        (Some(whole), _) => whole,
+        (None, out) => K::from_data(
+            out.unwrap_or_else(|| HostBuffer::zeroed(0, dtype))
+                .into_data(out_shape, dtype),
+            &device,
+        ),
+    };
+    (out, received)
 }
 
 /// The across-process all-to-all along `axis`, moving only what each process keeps: `x` is this

@@ -179,6 +179,30 @@ pub unsafe trait ProcessGroup: Send + Sync {
         recv: &mut [MaybeUninit<u8>],
         what: &str,
     );
+    /// [`ProcessGroup::all_gather_into`] with this member's part already where it belongs: `buf`
+    /// holds `counts.iter().sum()` bytes, this member's part (`counts[rank]` bytes at offset
+    /// `counts[..rank].sum()`) written by the caller, and the call writes every other part. No
+    /// send buffer and no copy of the own part: the caller computes its part into the result
+    /// (the ordered all-reduce writes its reduced chunk there).
+    ///
+    /// The default copies the own part out and calls [`ProcessGroup::all_gather_into`]; MPI
+    /// passes `MPI_IN_PLACE` where the library's value of it is known.
+    ///
+    /// # Safety
+    /// The caller has initialised this member's part of `buf`. On return every byte of `buf`
+    /// is initialised (the trait's contract).
+    unsafe fn all_gather_in_place(
+        &self,
+        buf: &mut [MaybeUninit<u8>],
+        counts: &[usize],
+        what: &str,
+    ) {
+        let at: usize = counts[..self.rank()].iter().sum();
+        let part = &buf[at..at + counts[self.rank()]];
+        // SAFETY: the caller initialised this member's part (this method's contract).
+        let own: Vec<u8> = part.iter().map(|b| unsafe { b.assume_init() }).collect();
+        self.all_gather_into(&own, counts, buf, what)
+    }
     /// [`ProcessGroup::all_gather_into`] into a new byte buffer.
     fn all_gather(&self, send: &[u8], counts: &[usize], what: &str) -> Vec<u8> {
         filled(counts.iter().sum(), |recv| {

@@ -273,6 +273,77 @@ impl MpiGroup {
         unsafe { ffi::MPI_Iallreduce(send_ptr, recv, n, t, o, self.comm.0.as_raw(), &mut req) };
         wait_raw(req, len, what, &self.world_ranks);
     }
+    /// The all-gather of [`ProcessGroup::all_gather_into`] (`send` given: this member's
+    /// `counts[rank]` bytes) or of [`ProcessGroup::all_gather_in_place`] (`send` `None`:
+    /// `MPI_IN_PLACE`, which the caller has checked is known, this member's part already in
+    /// `recv`): `MPI_Iallgatherv`, or the blocking `MPI_Allgatherv` for a large message
+    /// ([`LARGE_BYTES`]). Writes every part of `recv` that is not this member's own (and that
+    /// one too when `send` is given).
+    fn allgather_raw(
+        &self,
+        send: Option<&[u8]>,
+        counts: &[usize],
+        recv: &mut [MaybeUninit<u8>],
+        what: &str,
+    ) {
+        let total: usize = counts.iter().sum();
+        assert_eq!(recv.len(), total, "burn-dtensor: all-gather receive buffer");
+        assert_eq!(
+            counts.len(),
+            self.size,
+            "burn-dtensor: all-gather counts (one per member)"
+        );
+        assert!(
+            total <= i32::MAX as usize,
+            "burn-dtensor: a cross-process all-gather of {total} bytes exceeds MPI's 2 GiB count"
+        );
+        let (mut spare_r, mut spare_s) = ([0u8; 8], [0u8; 8]);
+        let recv = never_dangling(recv.as_ptr(), total, &mut spare_r);
+        let send_ptr = match send {
+            Some(s) => never_dangling(s.as_ptr(), s.len(), &mut spare_s),
+            None => in_place().expect("checked by the caller") as *mut c_void,
+        };
+        let (c, d) = (
+            byte_counts(counts, what),
+            byte_counts(&offsets(counts), what),
+        );
+        let (t, comm) = (bytes_type(), self.comm.0.as_raw());
+        let _guard = LOCK.lock().unwrap();
+        if total >= LARGE_BYTES {
+            self.arrive(what);
+            // SAFETY: `send` (or this member's part of `recv`, in place) holds its count of
+            // bytes, `recv` the sum of `counts` at the displacements `d`; the call is blocking.
+            unsafe {
+                ffi::MPI_Allgatherv(
+                    send_ptr,
+                    c[self.rank],
+                    t,
+                    recv,
+                    c.as_ptr(),
+                    d.as_ptr(),
+                    t,
+                    comm,
+                )
+            };
+            return;
+        }
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: as above; `send`, `recv`, `c` and `d` outlive the wait below.
+        unsafe {
+            ffi::MPI_Iallgatherv(
+                send_ptr,
+                c[self.rank],
+                t,
+                recv,
+                c.as_ptr(),
+                d.as_ptr(),
+                t,
+                comm,
+                &mut req,
+            )
+        };
+        wait_raw(req, total, what, &self.world_ranks);
+    }
 }
 
 /// The byte datatype of the collectives that move bytes.
@@ -467,65 +538,32 @@ unsafe impl ProcessGroup for MpiGroup {
         recv: &mut [MaybeUninit<u8>],
         what: &str,
     ) {
-        let total: usize = counts.iter().sum();
-        assert_eq!(recv.len(), total, "burn-dtensor: all-gather receive buffer");
-        assert_eq!(
-            counts.len(),
-            self.size,
-            "burn-dtensor: all-gather counts (one per member)"
-        );
         assert_eq!(
             send.len(),
             counts[self.rank],
             "burn-dtensor: all-gather input (this member's count)"
         );
-        assert!(
-            total <= i32::MAX as usize,
-            "burn-dtensor: a cross-process all-gather of {total} bytes exceeds MPI's 2 GiB count"
-        );
-        let (mut spare_r, mut spare_s) = ([0u8; 8], [0u8; 8]);
-        let recv = never_dangling(recv.as_ptr(), total, &mut spare_r);
-        let send_ptr = never_dangling(send.as_ptr(), send.len(), &mut spare_s);
-        let (c, d) = (
-            byte_counts(counts, what),
-            byte_counts(&offsets(counts), what),
-        );
-        let (t, comm) = (bytes_type(), self.comm.0.as_raw());
-        let _guard = LOCK.lock().unwrap();
-        if total >= LARGE_BYTES {
-            self.arrive(what);
-            // SAFETY: `send` holds this member's count of bytes, `recv` the sum of `counts` at
-            // the displacements `d`; the call is blocking.
-            unsafe {
-                ffi::MPI_Allgatherv(
-                    send_ptr,
-                    c[self.rank],
-                    t,
-                    recv,
-                    c.as_ptr(),
-                    d.as_ptr(),
-                    t,
-                    comm,
-                )
-            };
-            return;
+        self.allgather_raw(Some(send), counts, recv, what);
+    }
+    /// With `MPI_IN_PLACE` where the MPI library's value of it is known ([`in_place`]; else the
+    /// provided copy of the own part as the input).
+    unsafe fn all_gather_in_place(
+        &self,
+        buf: &mut [MaybeUninit<u8>],
+        counts: &[usize],
+        what: &str,
+    ) {
+        if in_place().is_some() {
+            self.allgather_raw(None, counts, buf, what);
+        } else {
+            let at: usize = counts[..self.rank].iter().sum();
+            // SAFETY: the caller initialised this member's part (the method's contract).
+            let own: Vec<u8> = buf[at..at + counts[self.rank]]
+                .iter()
+                .map(|b| unsafe { b.assume_init() })
+                .collect();
+            self.allgather_raw(Some(&own), counts, buf, what);
         }
-        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
-        // SAFETY: as above; `send`, `recv`, `c` and `d` outlive the wait below.
-        unsafe {
-            ffi::MPI_Iallgatherv(
-                send_ptr,
-                c[self.rank],
-                t,
-                recv,
-                c.as_ptr(),
-                d.as_ptr(),
-                t,
-                comm,
-                &mut req,
-            )
-        };
-        wait_raw(req, total, what, &self.world_ranks);
     }
     fn abort(&self, code: i32) -> ! {
         // No lock: the thread that holds it may be this one (a timed-out wait), and an abort
