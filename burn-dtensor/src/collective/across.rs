@@ -200,8 +200,9 @@ const ROUND_BYTES: usize = 8 << 20;
 /// this process's shards of the group (same shape, whole along `dim`), in coordinate order.
 ///
 /// Inputs over [`ROUND_BYTES`] go in rounds: round `r` moves slice `r` of every block (each
-/// member's slice downloaded on its own) and reduces it; the reduced slices are concatenated
-/// along `dim` at the end. `reduce` is element-wise (its shape, chain or tree, is fixed by the
+/// member's slice downloaded on its own) and reduces it; the caller places the reduced slices
+/// (`emit`). Where one member is read in place and cut along dim 0, this process's own slice is
+/// a view of it, never sent to itself. `reduce` is element-wise (its shape, chain or tree, is fixed by the
 /// caller from the whole shards), so every element is reduced as in one exchange: the rounds
 /// change the memory, never a bit of the result. Peak beside the input: one round's send buffer,
 /// its received blocks as a tensor, and what `emit` keeps of the block produced.
