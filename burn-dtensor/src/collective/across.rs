@@ -202,10 +202,10 @@ const ROUND_BYTES: usize = 8 << 20;
 /// Inputs over [`ROUND_BYTES`] go in rounds: round `r` moves slice `r` of every block (each
 /// member's slice downloaded on its own) and reduces it; the caller places the reduced slices
 /// (`emit`). Where one member is read in place and cut along dim 0, this process's own slice is
-/// a view of it, never sent to itself. `reduce` is element-wise (its shape, chain or tree, is fixed by the
-/// caller from the whole shards), so every element is reduced as in one exchange: the rounds
-/// change the memory, never a bit of the result. Peak beside the input: one round's send buffer,
-/// its received blocks as a tensor, and what `emit` keeps of the block produced.
+/// a view of it, never sent to itself. `reduce` is element-wise (its shape, chain or tree, is
+/// fixed by the caller from the whole shards), so every element is reduced as in one exchange:
+/// the rounds change the memory, never a bit of the result. Peak beside the input: one round's
+/// send buffer, its received blocks as a tensor, and what `emit` keeps of the block produced.
 ///
 /// Each round's reduced slice goes to `emit` with its range of `dim` within this process's
 /// block (`0..ranges(me).len()`; the slice has the members' shape with that length along `dim`);
@@ -270,6 +270,7 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
             Some(m) if dim == 0 => crate::inner::rows_view(m, mine[0].clone()),
             _ => None,
         };
+        let not_sent = |q: usize| q == me && own.is_some();
         let mut send = host::scratch(0);
         let mut send_counts = Vec::with_capacity(p);
         let mut send_at = Vec::with_capacity(p);
@@ -277,8 +278,11 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
             let at = send.len();
             let part = boxed(q, r);
             if source.is_some() {
-                let skip = q == me && own.is_some();
-                send_counts.push(if skip { 0 } else { host::box_numel(&part) * es });
+                send_counts.push(if not_sent(q) {
+                    0
+                } else {
+                    host::box_numel(&part) * es
+                });
                 send_at.push(part[dim].start * run);
                 continue;
             }
@@ -306,13 +310,7 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
         };
         let c = host::box_numel(&mine);
         let recv_counts: Vec<usize> = (0..p)
-            .map(|q| {
-                if q == me && own.is_some() {
-                    0
-                } else {
-                    l * c * es
-                }
-            })
+            .map(|q| if not_sent(q) { 0 } else { l * c * es })
             .collect();
         let recv_at = offsets(&recv_counts);
         // SAFETY: the parts at `recv_at` tile `got`; the engine writes all of them
@@ -341,12 +339,16 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
         let rows = all_shape[0];
         all_shape[0] *= if own.is_some() { (p - 1) * l } else { p * l };
         let all = K::from_data(got.into_data(all_shape, dtype), &device);
-        let mut next = 0..;
         let blocks: Vec<K::P> = (0..p * l)
             .map(|j| match &own {
                 Some(own) if j / l == me => own.clone(),
                 _ => {
-                    let j = next.next().expect("unbounded");
+                    // The received blocks skip this process's own, where it was not sent.
+                    let j = if own.is_some() && j / l > me {
+                        j - l
+                    } else {
+                        j
+                    };
                     let r = j * rows..(j + 1) * rows;
                     crate::inner::rows_view(&all, r.clone())
                         .unwrap_or_else(|| K::narrow(all.clone(), 0, r))

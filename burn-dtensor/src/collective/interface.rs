@@ -87,6 +87,21 @@ pub(crate) fn check_parts(len: usize, (counts, offsets): (&[usize], &[usize]), w
     }
 }
 
+/// A copy of member `rank`'s part of an all-gather buffer (`counts[rank]` bytes at offset
+/// `counts[..rank].sum()`), the input of an in-place all-gather
+/// ([`ProcessGroup::all_gather_in_place`]) run as a copying one.
+///
+/// # Safety
+/// That part of `buf` is initialised.
+pub(crate) unsafe fn own_part(buf: &[MaybeUninit<u8>], counts: &[usize], rank: usize) -> Vec<u8> {
+    let at: usize = counts[..rank].iter().sum();
+    buf[at..at + counts[rank]]
+        .iter()
+        // SAFETY: initialised (this function's contract).
+        .map(|b| unsafe { b.assume_init() })
+        .collect()
+}
+
 /// A byte vector of length `n` filled by `fill`, which must initialise every byte of the slice it
 /// is given (a [`ProcessGroup`] method's `recv`: its safety contract).
 fn filled(n: usize, fill: impl FnOnce(&mut [MaybeUninit<u8>])) -> Vec<u8> {
@@ -197,10 +212,8 @@ pub unsafe trait ProcessGroup: Send + Sync {
         counts: &[usize],
         what: &str,
     ) {
-        let at: usize = counts[..self.rank()].iter().sum();
-        let part = &buf[at..at + counts[self.rank()]];
         // SAFETY: the caller initialised this member's part (this method's contract).
-        let own: Vec<u8> = part.iter().map(|b| unsafe { b.assume_init() }).collect();
+        let own = unsafe { own_part(buf, counts, self.rank()) };
         self.all_gather_into(&own, counts, buf, what)
     }
     /// [`ProcessGroup::all_gather_into`] into a new byte buffer.

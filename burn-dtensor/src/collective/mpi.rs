@@ -27,7 +27,7 @@ use mpi::request::{Request, Scope, scope};
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
 
-use super::interface::{ProcessGroup, ReduceOp, check_parts, offsets};
+use super::interface::{ProcessGroup, ReduceOp, check_parts, offsets, own_part};
 use crate::config::config;
 use crate::error::{DTensorError, Result};
 use crate::fault::collective_failed;
@@ -556,12 +556,8 @@ unsafe impl ProcessGroup for MpiGroup {
         if in_place().is_some() {
             self.allgather_raw(None, counts, buf, what);
         } else {
-            let at: usize = counts[..self.rank].iter().sum();
             // SAFETY: the caller initialised this member's part (the method's contract).
-            let own: Vec<u8> = buf[at..at + counts[self.rank]]
-                .iter()
-                .map(|b| unsafe { b.assume_init() })
-                .collect();
+            let own = unsafe { own_part(buf, counts, self.rank) };
             self.allgather_raw(Some(&own), counts, buf, what);
         }
     }

@@ -110,8 +110,9 @@ pub fn matmul(lhs: &Layout, ls: &[usize], rhs: &Layout, rs: &[usize], keep: Keep
 /// of its multiply-adds; gathering the output to `gathered_contraction(s).output` gives its
 /// value, bitwise where the inner matmul's per-element operations do not depend on the rows
 /// (`inner::rows_split_exactly`, which `ops::common::matmul` asks first). A data-parallel
-/// weight gradient `xᵀ @ g` (`[d_in, tokens@batch] @ [tokens@batch, d_out]`) is one. `None` when another axis also contracts, the rows are sharded, the right
-/// operand's `n` uses `a`, or `size(a)` does not divide `m` (global shape `ls` of the left).
+/// weight gradient `xᵀ @ g` (`[d_in, tokens@batch] @ [tokens@batch, d_out]`) is one. `None`
+/// when another axis also contracts, the rows are sharded, the right operand's `n` uses `a`, or
+/// `size(a)` does not divide `m` (global shape `ls` of the left).
 pub fn row_split_contraction(s: &Strategy, ls: &[usize]) -> Option<Strategy> {
     let out = &s.output;
     let mut axes = (0..out.mesh.ndim()).filter(|&a| out.partial[a].is_some());
