@@ -12,7 +12,12 @@
 //! - `mpi direct`: the blocking MPI collective called directly on host buffers of the same bytes,
 //!   with nothing around it (`MPI_Allreduce`, `MPI_Allgather`, `MPI_Reduce_scatter_block`,
 //!   `MPI_Alltoall`): the reference of issue 22. The last column is its time over this line's
-//!   (1.0 = the direct call's throughput).
+//!   (1.0 = the direct call's throughput);
+//! - `mpi fresh`: the same call into a receive buffer allocated in each repetition, and for the
+//!   all-to-all with its send buffer packed from the transposed blocks (`direct_fresh`): the
+//!   relayout's own work with nothing of burn-dtensor around it: `dtensor` against this line is
+//!   what the decorator's path adds (its code, and where its buffers lie), this line against
+//!   `mpi direct` what a new output and the exchange's shape cost.
 //!
 //! Each `dtensor` repetition makes its input just before the clock starts (warm, as a step's
 //! freshly computed tensor) and lines the ranks up with an untimed barrier, so that no rank's
@@ -96,8 +101,89 @@ fn direct(name: &str, n: usize, p: usize, reps: usize) -> f64 {
     }
 }
 
+/// [`direct`] as the relayout meets it: in each repetition a fresh input is made (untimed, as
+/// the `dtensor` lines make theirs) and the ranks lined up, then the timed part allocates the
+/// receive buffer (uninitialised, as the relayout's host buffer) and calls the collective; both
+/// buffers are dropped untimed. Against `mpi direct` (two buffers reused by every repetition)
+/// this is what a collective that returns a new tensor pays on top of the call (a receive
+/// buffer handed out anew by the allocator; with mimalloc the block freed by the previous
+/// repetition, its pages already mapped: NOTES.md, session 40). For the all-to-all the
+/// timed part also packs the send buffer from a `[side / p, side]` row-major shard by column
+/// blocks, the copy the bench's relayout (`[x, -] -> [-, x]`) needs besides the exchange (each
+/// destination's part is a strided block of the shard). So this line is the relayout's own work
+/// with nothing of burn-dtensor around it. `side`: the global tensor's side (`n = side * side`).
+#[cfg(feature = "mpi")]
+fn direct_fresh(name: &str, side: usize, p: usize, reps: usize) -> f64 {
+    use mpi::ffi;
+    use mpi::raw::AsRaw;
+    use mpi::traits::*;
+    let world = mpi::topology::SimpleCommunicator::world();
+    let (comm, f32t) = (world.as_raw(), f32::equivalent_datatype().as_raw());
+    let n = side * side;
+    let share = n / p;
+    let (input, output) = match name {
+        "all-reduce" => (n, n),
+        "all-gather" => (share, share * p),
+        "reduce-scatter" => (n, share),
+        "all-to-all" => (share, share),
+        other => unreachable!("no direct form of {other}"),
+    };
+    let count = |c: usize| i32::try_from(c).expect("fewer than 2^31 elements");
+    let mut times = Vec::with_capacity(reps + 1);
+    for _ in 0..=reps {
+        let source = vec![1f32; input];
+        line_up();
+        let t = Instant::now();
+        // Capacity only: MPI writes all `output` elements through the raw pointer.
+        let mut recv = Vec::<f32>::with_capacity(output);
+        let r = recv.as_mut_ptr().cast::<std::ffi::c_void>();
+        let mut send = source.as_ptr().cast::<std::ffi::c_void>();
+        let packed: Vec<f32>;
+        if name == "all-to-all" {
+            // Destination `j`'s part: rows `0..side / p` of the shard's column block `j`.
+            let (rows, cols) = (side / p, side / p);
+            let mut v = Vec::with_capacity(share);
+            for j in 0..p {
+                for row in 0..rows {
+                    let at = row * side + j * cols;
+                    v.extend_from_slice(&source[at..at + cols]);
+                }
+            }
+            packed = v;
+            send = packed.as_ptr().cast();
+        }
+        // SAFETY: `send` holds `input` elements, `recv` has capacity for `output`, the counts
+        // below are those sizes (per process where MPI counts per process); blocking calls.
+        unsafe {
+            match name {
+                "all-reduce" => ffi::MPI_Allreduce(send, r, count(n), f32t, ffi::RSMPI_SUM, comm),
+                "all-gather" => {
+                    ffi::MPI_Allgather(send, count(share), f32t, r, count(share), f32t, comm)
+                }
+                "reduce-scatter" => {
+                    ffi::MPI_Reduce_scatter_block(send, r, count(share), f32t, ffi::RSMPI_SUM, comm)
+                }
+                _ => {
+                    let part = count(share / p);
+                    ffi::MPI_Alltoall(send, part, f32t, r, part, f32t, comm)
+                }
+            };
+            recv.set_len(output);
+        }
+        times.push(t.elapsed().as_secs_f64());
+        drop((recv, source));
+    }
+    times.remove(0); // warm-up
+    median(times)
+}
+
 #[cfg(not(feature = "mpi"))]
 fn direct(_: &str, _: usize, _: usize, _: usize) -> f64 {
+    f64::NAN
+}
+
+#[cfg(not(feature = "mpi"))]
+fn direct_fresh(_: &str, _: usize, _: usize, _: usize) -> f64 {
     f64::NAN
 }
 
@@ -252,6 +338,8 @@ fn worker() {
             };
             line(name, "group", t, factor, reference);
             line(name, "mpi direct", reference, factor, reference);
+            let fresh = direct_fresh(name, side, p, reps);
+            line(name, "mpi fresh", fresh, factor, reference);
         }
     }
     buckets(&mesh, chief);
