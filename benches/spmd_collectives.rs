@@ -63,6 +63,27 @@ fn time(reps: usize, mut f: impl FnMut()) -> f64 {
     )
 }
 
+/// The median time of `run` over `reps` repetitions after one warm-up, each on an input that
+/// `make` builds untimed just before the ranks line up ([`line_up`]); what `run` returns is
+/// dropped untimed, as a training step drops its buffers.
+fn time_lined_up<I, O>(
+    reps: usize,
+    mut make: impl FnMut() -> I,
+    mut run: impl FnMut(I) -> O,
+) -> f64 {
+    let mut times = Vec::with_capacity(reps + 1);
+    for _ in 0..=reps {
+        let input = make();
+        line_up();
+        let t = Instant::now();
+        let out = run(input);
+        times.push(t.elapsed().as_secs_f64());
+        drop(out);
+    }
+    times.remove(0); // warm-up
+    median(times)
+}
+
 /// The blocking MPI collective `name` called directly on host buffers: `n` f32 elements in all
 /// (the whole buffer of an all-reduce and of a reduce-scatter's input, `n / p` per process for
 /// an all-gather's and an all-to-all's input). Every process runs it `reps + 1` times.
@@ -129,52 +150,56 @@ fn direct_fresh(name: &str, side: usize, p: usize, reps: usize) -> f64 {
         other => unreachable!("no direct form of {other}"),
     };
     let count = |c: usize| i32::try_from(c).expect("fewer than 2^31 elements");
-    let mut times = Vec::with_capacity(reps + 1);
-    for _ in 0..=reps {
-        let source = vec![1f32; input];
-        line_up();
-        let t = Instant::now();
-        // Capacity only: MPI writes all `output` elements through the raw pointer.
-        let mut recv = Vec::<f32>::with_capacity(output);
-        let r = recv.as_mut_ptr().cast::<std::ffi::c_void>();
-        let mut send = source.as_ptr().cast::<std::ffi::c_void>();
-        let packed: Vec<f32>;
-        if name == "all-to-all" {
-            // Destination `j`'s part: rows `0..side / p` of the shard's column block `j`.
-            let (rows, cols) = (side / p, side / p);
-            let mut v = Vec::with_capacity(share);
-            for j in 0..p {
-                for row in 0..rows {
-                    let at = row * side + j * cols;
-                    v.extend_from_slice(&source[at..at + cols]);
+    time_lined_up(
+        reps,
+        || vec![1f32; input],
+        |source| {
+            // Capacity only: MPI writes all `output` elements through the raw pointer.
+            let mut recv = Vec::<f32>::with_capacity(output);
+            let r = recv.as_mut_ptr().cast::<std::ffi::c_void>();
+            // The all-to-all's send buffer: destination `j`'s part is rows `0..side / p` of the
+            // shard's column block `j`.
+            let packed = (name == "all-to-all").then(|| {
+                let (rows, cols) = (side / p, side / p);
+                let mut v = Vec::with_capacity(share);
+                for j in 0..p {
+                    for row in 0..rows {
+                        let at = row * side + j * cols;
+                        v.extend_from_slice(&source[at..at + cols]);
+                    }
                 }
+                v
+            });
+            let send = packed.as_deref().unwrap_or(&source).as_ptr().cast();
+            // SAFETY: `send` holds `input` elements, `recv` has capacity for `output`, the
+            // counts below are those sizes (per process where MPI counts per process); blocking
+            // calls.
+            unsafe {
+                match name {
+                    "all-reduce" => {
+                        ffi::MPI_Allreduce(send, r, count(n), f32t, ffi::RSMPI_SUM, comm)
+                    }
+                    "all-gather" => {
+                        ffi::MPI_Allgather(send, count(share), f32t, r, count(share), f32t, comm)
+                    }
+                    "reduce-scatter" => ffi::MPI_Reduce_scatter_block(
+                        send,
+                        r,
+                        count(share),
+                        f32t,
+                        ffi::RSMPI_SUM,
+                        comm,
+                    ),
+                    _ => {
+                        let part = count(share / p);
+                        ffi::MPI_Alltoall(send, part, f32t, r, part, f32t, comm)
+                    }
+                };
+                recv.set_len(output);
             }
-            packed = v;
-            send = packed.as_ptr().cast();
-        }
-        // SAFETY: `send` holds `input` elements, `recv` has capacity for `output`, the counts
-        // below are those sizes (per process where MPI counts per process); blocking calls.
-        unsafe {
-            match name {
-                "all-reduce" => ffi::MPI_Allreduce(send, r, count(n), f32t, ffi::RSMPI_SUM, comm),
-                "all-gather" => {
-                    ffi::MPI_Allgather(send, count(share), f32t, r, count(share), f32t, comm)
-                }
-                "reduce-scatter" => {
-                    ffi::MPI_Reduce_scatter_block(send, r, count(share), f32t, ffi::RSMPI_SUM, comm)
-                }
-                _ => {
-                    let part = count(share / p);
-                    ffi::MPI_Alltoall(send, part, f32t, r, part, f32t, comm)
-                }
-            };
-            recv.set_len(output);
-        }
-        times.push(t.elapsed().as_secs_f64());
-        drop((recv, source));
-    }
-    times.remove(0); // warm-up
-    median(times)
+            (recv, source)
+        },
+    )
 }
 
 #[cfg(not(feature = "mpi"))]
@@ -281,17 +306,12 @@ fn worker() {
                 // so relaying out clones of one would reduce once), all made before the clock
                 // starts: only the relayout is timed. Each result is dropped untimed before the
                 // next relayout, as a training step drops its buffers.
-                let mut times = Vec::with_capacity(reps + 1);
-                for _ in 0..=reps {
-                    let x: Tensor<DB, 2> = distribute(data.clone(), from).unwrap();
-                    line_up();
-                    let t = Instant::now();
-                    let y = x.relayout(to).unwrap();
-                    times.push(t.elapsed().as_secs_f64());
-                    drop(y);
-                }
-                times.remove(0); // warm-up
-                line(name, path, median(times), factor, reference);
+                let t = time_lined_up(
+                    reps,
+                    || -> Tensor<DB, 2> { distribute(data.clone(), from).unwrap() },
+                    |x| x.relayout(to).unwrap(),
+                );
+                line(name, path, t, factor, reference);
             }
             burn_dtensor::configure(burn_dtensor::config().with_reduction(Reduction::Ordered));
             // The engine layer alone (`ProcessGroup`, with its timeout watchdog) on buffers of
