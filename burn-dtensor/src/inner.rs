@@ -1,7 +1,8 @@
 //! What the decorator knows about its inner backend beyond Burn's traits: three performance
 //! traits that decide how shards run and how stacked operands are laid out, where a
 //! host-memory backend keeps a shard's bytes ([`host_bytes`], [`host_bytes_mut`]), and NdArray's
-//! GEMM and reshape on its shards as they lie ([`matmul_strided`], [`reshape_view`]). Burn 0.21 has no
+//! GEMM and reshape on its shards as they lie ([`matmul_strided`], also Flex's batched GEMM off
+//! rayon's pool, and [`reshape_view`]). Burn 0.21 has no
 //! trait for them, so they are read from the backend's type name, here and nowhere else. An
 //! inner backend not named here gets what suits a GPU backend: no worker threads, no dense
 //! copies, reshapes taken as views. Each answer only changes speed, never values (the
@@ -11,7 +12,7 @@
 
 /// Per-shard work from which the shards of one op run on rayon's pool; below it, waking the
 /// pool (a futex round trip per op) costs more than it saves. Work is counted in elements of
-/// the largest input shard, and for matmul as multiply-adds / [`MATMUL_WORK_PER_ELEMENT`](crate::ops::dispatch::MATMUL_WORK_PER_ELEMENT).
+/// the largest input shard, and for matmul as multiply-adds / [`MATMUL_WORK_PER_ELEMENT`].
 ///
 /// Default 256 Ki (1 MiB of f32 per shard). Measured on a 2-core machine (NOTES.md): at 16 Ki,
 /// the IMDB step's `[1200, 48]` per-shard gradients and their sums ran on the pool and the
@@ -22,6 +23,11 @@
 pub(crate) fn par_min() -> usize {
     crate::config::config().parallel_min_elements
 }
+
+/// Multiply-adds of a matmul worth one element of element-wise work in [`par_min`]'s count
+/// (a matmul's inputs can be small while its compute is large: `[256, 256] @ [256, 256]` is
+/// 64 Ki elements per input but 16.8 M multiply-adds).
+pub(crate) const MATMUL_WORK_PER_ELEMENT: usize = 16;
 
 /// Whether shards of inner backend `B` may run on worker threads: only CPU backends (NdArray,
 /// Flex), whose ops are plain computations on the calling thread. CubeCL backends (Wgpu, Cuda)
@@ -426,22 +432,33 @@ pub fn shared_host_data<P: 'static>(t: &P) -> Option<burn::tensor::TensorData> {
 /// `Linear(4096, 4096)` layers at batch 256 that is four 64 MiB weight copies a step, with their
 /// fresh pages. The GEMM packs its operands into blocks whatever their strides, so every output
 /// element is the same sequence of operations: bitwise NdArray's result (tested below).
-/// Batched and broadcast products too (one GEMM per output matrix). `None` for any other
-/// backend or dtype and for shapes NdArray would reject: the caller uses the backend's matmul.
+/// Batched and broadcast products too (one GEMM per output matrix). On Flex, its batched
+/// products below the pool's bar computed on the calling thread ([`flex_batched_serial`]).
+/// `None` for any other backend or dtype and for shapes the backend would reject: the caller
+/// uses the backend's matmul.
 pub fn matmul_strided<P: 'static>(lhs: &P, rhs: &P) -> Option<P> {
     #[cfg(feature = "ndarray")]
     {
         use burn_ndarray::NdArrayTensor as T;
-        let (a, b) = (
-            (lhs as &dyn std::any::Any).downcast_ref::<T>()?,
-            (rhs as &dyn std::any::Any).downcast_ref::<T>()?,
-        );
-        let out: T = match (a, b) {
-            (T::F32(a), T::F32(b)) => gemm(a.view(), b.view(), (1.0, 0.0))?.into(),
-            (T::F64(a), T::F64(b)) => gemm(a.view(), b.view(), (1.0, 0.0))?.into(),
-            _ => return None,
-        };
-        let out: Box<dyn std::any::Any> = Box::new(out);
+        if let (Some(a), Some(b)) = (
+            (lhs as &dyn std::any::Any).downcast_ref::<T>(),
+            (rhs as &dyn std::any::Any).downcast_ref::<T>(),
+        ) {
+            let out: T = match (a, b) {
+                (T::F32(a), T::F32(b)) => gemm(a.view(), b.view(), (1.0, 0.0))?.into(),
+                (T::F64(a), T::F64(b)) => gemm(a.view(), b.view(), (1.0, 0.0))?.into(),
+                _ => return None,
+            };
+            let out: Box<dyn std::any::Any> = Box::new(out);
+            return out.downcast::<P>().ok().map(|p| *p);
+        }
+    }
+    #[cfg(feature = "flex")]
+    if let (Some(a), Some(b)) = (
+        (lhs as &dyn std::any::Any).downcast_ref::<burn_flex::FlexTensor>(),
+        (rhs as &dyn std::any::Any).downcast_ref::<burn_flex::FlexTensor>(),
+    ) {
+        let out: Box<dyn std::any::Any> = Box::new(flex_batched_serial(a, b)?);
         return out.downcast::<P>().ok().map(|p| *p);
     }
     #[allow(unreachable_code)]
@@ -449,6 +466,116 @@ pub fn matmul_strided<P: 'static>(lhs: &P, rhs: &P) -> Option<P> {
         let _ = (lhs, rhs);
         None
     }
+}
+
+/// Flex's batched product (`[.., m, k] @ [.., k, n]`, rank 3 or more, batch dims equal or 1, f32
+/// or f64, any strides) with its matrices computed one after the other on the calling thread.
+/// Flex (with its `rayon` feature, which `burn-train` turns on) spreads the matrices of a batch
+/// over rayon's pool once the whole product reaches 128^3 multiply-adds, each matrix one
+/// `gemm::gemm` call without threads: the 8-device IMDB step's stacked `[8, 64, 1200] @
+/// [8, 1200, 6]` pays the pool's round trip for 0.5 ms of work (NOTES.md, "The single-process
+/// step", parts 10 and 11). Here each matrix is that same `gemm::gemm` call, with Flex's
+/// arguments (`alpha` 0, `beta` 1, strides as the operands lie, `Parallelism::None`), into a
+/// zeroed row-major output: bitwise Flex's result (tested below). `None`, and Flex's own matmul,
+/// for rank 2, one matrix, an empty dim, other dtypes, shapes Flex would reject, a matrix of
+/// 192^3 multiply-adds or more (Flex then threads the GEMM itself) and a product whose
+/// multiply-adds / [`MATMUL_WORK_PER_ELEMENT`]
+/// reach [`par_min`], the decorator's own bar for the pool.
+#[cfg(feature = "flex")]
+fn flex_batched_serial(
+    a: &burn_flex::FlexTensor,
+    b: &burn_flex::FlexTensor,
+) -> Option<burn_flex::FlexTensor> {
+    use burn::tensor::DType;
+    let (sa, sb): (&[usize], &[usize]) = (a.layout().shape(), b.layout().shape());
+    let r = sa.len();
+    if r < 3 || sb.len() != r || a.dtype() != b.dtype() {
+        return None;
+    }
+    let (m, k, n) = (sa[r - 2], sa[r - 1], sb[r - 1]);
+    if sb[r - 2] != k || m == 0 || k == 0 || n == 0 {
+        return None;
+    }
+    let mut batch = Vec::with_capacity(r - 2);
+    for (&x, &y) in sa[..r - 2].iter().zip(&sb[..r - 2]) {
+        if x != y && x != 1 && y != 1 {
+            return None;
+        }
+        batch.push(x.max(y));
+    }
+    let matrices: usize = batch.iter().product();
+    let per_matrix = m.checked_mul(n)?.checked_mul(k)?;
+    // Flex's `PARALLEL_THRESHOLD`: a matrix this large is threaded inside the GEMM.
+    if matrices < 2
+        || per_matrix >= 192 * 192 * 192
+        || per_matrix.saturating_mul(matrices) / MATMUL_WORK_PER_ELEMENT >= par_min()
+    {
+        return None;
+    }
+    // Element offset of matrix `i` (row-major over the output's batch dims) in an operand, a
+    // broadcast dim (length 1) contributing nothing.
+    let offset = |t: &burn_flex::FlexTensor, mut i: usize| -> isize {
+        let (shape, strides) = (t.layout().shape(), t.layout().strides());
+        let mut at = t.layout().start_offset() as isize;
+        for d in (0..r - 2).rev() {
+            let index = i % batch[d];
+            i /= batch[d];
+            if shape[d] != 1 {
+                at += index as isize * strides[d];
+            }
+        }
+        at
+    };
+    // `(zero, one)`: the GEMM's `alpha` and `beta`, as Flex passes them.
+    fn run<T: burn::tensor::Element + bytemuck::Pod>(
+        a: &burn_flex::FlexTensor,
+        b: &burn_flex::FlexTensor,
+        out: &mut burn_flex::FlexTensor,
+        (m, k, n): (usize, usize, usize),
+        offset: &dyn Fn(&burn_flex::FlexTensor, usize) -> isize,
+        (zero, one): (T, T),
+    ) {
+        let (a_s, b_s) = (a.layout().strides(), b.layout().strides());
+        let r = a_s.len();
+        let (x, y): (&[T], &[T]) = (a.storage(), b.storage());
+        let c: &mut [T] = out.storage_mut();
+        for (i, c) in c.chunks_mut(m * n).enumerate() {
+            // SAFETY: the offsets and strides are the operands' own layout, so every element
+            // the GEMM reads lies in their storage; `c` holds the `m * n` row-major outputs.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    c.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    false,
+                    x.as_ptr().offset(offset(a, i)),
+                    a_s[r - 1],
+                    a_s[r - 2],
+                    y.as_ptr().offset(offset(b, i)),
+                    b_s[r - 1],
+                    b_s[r - 2],
+                    zero,
+                    one,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+        }
+    }
+    let mut shape = batch.clone();
+    shape.extend([m, n]);
+    let mut out = burn_flex::FlexTensor::empty(burn::tensor::Shape::from(shape), a.dtype());
+    match a.dtype() {
+        DType::F32 => run::<f32>(a, b, &mut out, (m, k, n), &offset, (0.0, 1.0)),
+        DType::F64 => run::<f64>(a, b, &mut out, (m, k, n), &offset, (0.0, 1.0)),
+        _ => return None,
+    }
+    Some(out)
 }
 
 /// [`matmul_strided`]'s product on ndarray views: `None` unless both have the same rank (at
@@ -967,6 +1094,74 @@ mod tests {
         let bad = prim(Tensor::<NdArray, 4>::ones([3, 3, 300, 2], &d));
         assert!(super::matmul_strided(&prim(x), &bad).is_none());
         assert!(super::matmul_strided(&0u32, &1u32).is_none());
+    }
+
+    /// [`super::matmul_strided`] on Flex against Flex's own `float_matmul`, bitwise: batched
+    /// products (batches of 2 to 8 matrices, one of them large enough that Flex runs it on
+    /// rayon's pool), f32 and f64, each operand row-major or with its last two dims swapped, a
+    /// broadcast batch dim, a sliced (offset) operand, and the products left to Flex (`None`:
+    /// rank 2, one matrix, an empty dim, mismatched shapes, a matrix of 192^3 multiply-adds).
+    #[test]
+    fn flex_batched_matmul_is_bitwise_flexs() {
+        use burn::backend::Flex;
+        use burn::tensor::ops::FloatTensorOps;
+        use burn::tensor::{Distribution, Tensor, TensorData, TensorPrimitive};
+        fn prim<const D: usize>(t: Tensor<Flex, D>) -> burn_flex::FlexTensor {
+            t.into_primitive().tensor()
+        }
+        fn data<const D: usize>(p: burn_flex::FlexTensor) -> TensorData {
+            Tensor::<Flex, D>::from_primitive(TensorPrimitive::Float(p)).into_data()
+        }
+        let d = Default::default();
+        let operand = |shape: [usize; 3], swapped: bool, dtype| {
+            let [b, r, c] = shape;
+            let t = if swapped {
+                Tensor::<Flex, 3>::random([b, c, r], Distribution::Normal(0.0, 1.0), &d)
+                    .swap_dims(1, 2)
+            } else {
+                Tensor::<Flex, 3>::random([b, r, c], Distribution::Normal(0.0, 1.0), &d)
+            };
+            t.cast(dtype)
+        };
+        let mut checked = 0;
+        for dtype in [burn::tensor::DType::F32, burn::tensor::DType::F64] {
+            // The last: 8 x 64 x 1200 x 6 multiply-adds, the IMDB model step's stacked product,
+            // on Flex's pool.
+            for (bs, m, k, n) in [(2, 3, 5, 7), (3, 17, 300, 9), (8, 64, 1200, 6)] {
+                for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+                    let (a, b) = (
+                        operand([bs, m, k], ta, dtype),
+                        operand([bs, k, n], tb, dtype),
+                    );
+                    let want = Flex::float_matmul(prim(a.clone()), prim(b.clone()));
+                    let got = super::matmul_strided(&prim(a), &prim(b)).expect("batched");
+                    assert_eq!(
+                        data::<3>(got),
+                        data::<3>(want),
+                        "{dtype:?} {bs}x{m}x{k}x{n}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert_eq!(checked, 24);
+        // A rank-4 stack times a broadcast weight, the stack sliced (an offset into its storage).
+        let x = Tensor::<Flex, 4>::random([2, 4, 17, 300], Distribution::Normal(0.0, 1.0), &d)
+            .slice([0..2, 1..4, 0..17, 0..300]);
+        let w = Tensor::<Flex, 4>::random([1, 3, 9, 300], Distribution::Normal(0.0, 1.0), &d)
+            .swap_dims(2, 3);
+        let want = Flex::float_matmul(prim(x.clone()), prim(w.clone()));
+        let got = super::matmul_strided(&prim(x.clone()), &prim(w.clone())).expect("broadcast");
+        assert_eq!(data::<4>(got), data::<4>(want));
+        // Left to Flex.
+        let bad = prim(Tensor::<Flex, 4>::ones([3, 3, 300, 2], &d));
+        assert!(super::matmul_strided(&prim(x.clone()), &bad).is_none());
+        let one = |shape: [usize; 3]| prim(Tensor::<Flex, 3>::ones(shape, &d));
+        assert!(super::matmul_strided(&one([1, 4, 5]), &one([1, 5, 6])).is_none());
+        assert!(super::matmul_strided(&one([2, 0, 5]), &one([2, 5, 6])).is_none());
+        assert!(super::matmul_strided(&one([2, 192, 192]), &one([2, 192, 192])).is_none());
+        let two = |shape: [usize; 2]| prim(Tensor::<Flex, 2>::ones(shape, &d));
+        assert!(super::matmul_strided(&two([4, 5]), &two([5, 6])).is_none());
     }
 
     #[test]

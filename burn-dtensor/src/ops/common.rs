@@ -461,7 +461,7 @@ where
             .num_elements()
             .saturating_mul(ys[r - 1])
             .max(ys.num_elements().saturating_mul(xs[r - 2]));
-        (macs / dispatch::MATMUL_WORK_PER_ELEMENT)
+        (macs / crate::inner::MATMUL_WORK_PER_ELEMENT)
             .max(xs.num_elements())
             .max(ys.num_elements())
     };

@@ -43,11 +43,6 @@ pub(crate) fn dedupe_plan<D: PartialEq>(layouts: &[&Layout], devices: &[D]) -> V
         .collect()
 }
 
-/// Multiply-adds of a matmul worth one element of element-wise work in [`par_min`]'s count
-/// (a matmul's inputs can be small while its compute is large: `[256, 256] @ [256, 256]` is
-/// 64 Ki elements per input but 16.8 M multiply-adds).
-pub(crate) const MATMUL_WORK_PER_ELEMENT: usize = 16;
-
 /// Runs `f` on every shard that `plan` says to compute (in parallel when `threads` allows it,
 /// each shard holds at least [`par_min`] elements and more than one must be computed), then
 /// fills the replicas.
