@@ -293,6 +293,8 @@ pub fn read_box_into(
 /// A strided view's dims with size-1 dims dropped and adjacent dims merged where the outer
 /// one's stride is the inner one's span (`strides[i] == strides[i + 1] * shape[i + 1]`): the
 /// same elements in the same order, as few dims as the view allows. Strides in elements.
+// Used by `inner`'s Flex paths only.
+#[cfg_attr(not(feature = "flex"), allow(dead_code))]
 pub fn collapse_strided(shape: &[usize], strides: &[usize]) -> (Vec<usize>, Vec<usize>) {
     let (mut cs, mut ct): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
     for (&n, &st) in shape.iter().zip(strides) {
@@ -320,6 +322,8 @@ pub fn collapse_strided(shape: &[usize], strides: &[usize]) -> (Vec<usize>, Vec<
 /// dims does element by element through its strided iterator (4-9% of a model- or
 /// spatial-parallel step's time on Flex, NOTES.md session 34). `None` when `src` is not aligned
 /// for `dtype`'s elements, or the view reaches past it.
+// Used by `inner`'s Flex paths only.
+#[cfg_attr(not(feature = "flex"), allow(dead_code))]
 pub fn copy_strided(
     src: &[u8],
     dtype: DType,
