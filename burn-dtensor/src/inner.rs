@@ -2,13 +2,12 @@
 //! traits that decide how shards run and how stacked operands are laid out, where a
 //! host-memory backend keeps a shard's bytes ([`host_bytes`], [`host_bytes_mut`]), and NdArray's
 //! GEMM and reshape on its shards as they lie ([`matmul_strided`], also Flex's batched GEMM off
-//! rayon's pool, and [`reshape_view`]). Burn 0.21 has no
-//! trait for them, so they are read from the backend's type name, here and nowhere else. An
-//! inner backend not named here gets what suits a GPU backend: no worker threads, no dense
-//! copies, reshapes taken as views. Each answer only changes speed, never values (the
-//! equivalence suites run every backend against the oracle either way), except
-//! [`rows_split_exactly`], which is `true` only where a split matmul is known to be bitwise the
-//! whole one.
+//! rayon's pool, and [`reshape_view`]). Burn 0.21 has no trait for them, so they are read from
+//! the backend's type name, here and nowhere else. An inner backend not named here gets what
+//! suits a GPU backend: no worker threads, no dense copies, reshapes taken as views. Each answer
+//! only changes speed, never values (the equivalence suites run every backend against the
+//! oracle either way), except [`rows_split_exactly`], which is `true` only where a split matmul
+//! is known to be bitwise the whole one.
 
 /// Per-shard work from which the shards of one op run on rayon's pool; below it, waking the
 /// pool (a futex round trip per op) costs more than it saves. Work is counted in elements of
@@ -468,6 +467,26 @@ pub fn matmul_strided<P: 'static>(lhs: &P, rhs: &P) -> Option<P> {
     }
 }
 
+/// The shape of a product `[.., m, k] @ [.., k, n]` of operands of shapes `a` and `b`: the
+/// output's batch dims (each pair equal or one of them 1, a broadcast) and `(m, k, n)`. `None`
+/// unless both have the same rank, at least 2, and the inner dims match: the shapes both
+/// backends' products here accept (NdArray's and Flex's, [`matmul_strided`]).
+#[cfg(any(feature = "ndarray", feature = "flex"))]
+fn product_dims(a: &[usize], b: &[usize]) -> Option<(Vec<usize>, (usize, usize, usize))> {
+    let r = a.len();
+    if r < 2 || b.len() != r || a[r - 1] != b[r - 2] {
+        return None;
+    }
+    let mut batch = Vec::with_capacity(r - 2);
+    for (&x, &y) in a[..r - 2].iter().zip(&b[..r - 2]) {
+        if x != y && x != 1 && y != 1 {
+            return None;
+        }
+        batch.push(x.max(y));
+    }
+    Some((batch, (a[r - 2], a[r - 1], b[r - 1])))
+}
+
 /// Flex's batched product (`[.., m, k] @ [.., k, n]`, rank 3 or more, batch dims equal or 1, f32
 /// or f64, any strides) with its matrices computed one after the other on the calling thread.
 /// Flex (with its `rayon` feature, which `burn-train` turns on) spreads the matrices of a batch
@@ -479,29 +498,18 @@ pub fn matmul_strided<P: 'static>(lhs: &P, rhs: &P) -> Option<P> {
 /// zeroed row-major output: bitwise Flex's result (tested below). `None`, and Flex's own matmul,
 /// for rank 2, one matrix, an empty dim, other dtypes, shapes Flex would reject, a matrix of
 /// 192^3 multiply-adds or more (Flex then threads the GEMM itself) and a product whose
-/// multiply-adds / [`MATMUL_WORK_PER_ELEMENT`]
-/// reach [`par_min`], the decorator's own bar for the pool.
+/// multiply-adds / [`MATMUL_WORK_PER_ELEMENT`] reach [`par_min`], the decorator's own bar for
+/// the pool.
 #[cfg(feature = "flex")]
 fn flex_batched_serial(
     a: &burn_flex::FlexTensor,
     b: &burn_flex::FlexTensor,
 ) -> Option<burn_flex::FlexTensor> {
     use burn::tensor::DType;
-    let (sa, sb): (&[usize], &[usize]) = (a.layout().shape(), b.layout().shape());
-    let r = sa.len();
-    if r < 3 || sb.len() != r || a.dtype() != b.dtype() {
+    let r = a.layout().shape().len();
+    let (batch, (m, k, n)) = product_dims(a.layout().shape(), b.layout().shape())?;
+    if r < 3 || a.dtype() != b.dtype() || m == 0 || k == 0 || n == 0 {
         return None;
-    }
-    let (m, k, n) = (sa[r - 2], sa[r - 1], sb[r - 1]);
-    if sb[r - 2] != k || m == 0 || k == 0 || n == 0 {
-        return None;
-    }
-    let mut batch = Vec::with_capacity(r - 2);
-    for (&x, &y) in sa[..r - 2].iter().zip(&sb[..r - 2]) {
-        if x != y && x != 1 && y != 1 {
-            return None;
-        }
-        batch.push(x.max(y));
     }
     let matrices: usize = batch.iter().product();
     let per_matrix = m.checked_mul(n)?.checked_mul(k)?;
@@ -592,26 +600,7 @@ fn gemm<E: ndarray::LinalgScalar>(
     (one, zero): (E, E),
 ) -> Option<ndarray::ArcArray<E, ndarray::IxDyn>> {
     use ndarray::{ArrayView2, ArrayViewMut2, Axis, Ix2};
-    let r = a.ndim();
-    if r < 2 || b.ndim() != r {
-        return None;
-    }
-    let (m, k, k2, n) = (
-        a.shape()[r - 2],
-        a.shape()[r - 1],
-        b.shape()[r - 2],
-        b.shape()[r - 1],
-    );
-    let mut batch = Vec::with_capacity(r - 2);
-    for (&x, &y) in a.shape()[..r - 2].iter().zip(&b.shape()[..r - 2]) {
-        if x != y && x != 1 && y != 1 {
-            return None;
-        }
-        batch.push(x.max(y));
-    }
-    if k != k2 {
-        return None;
-    }
+    let (mut batch, (m, _, n)) = product_dims(a.shape(), b.shape())?;
     // Matrix `i` (row-major over the output's batch dims) of an operand, a broadcast dim
     // giving its only matrix.
     fn matrix<'a, E>(
