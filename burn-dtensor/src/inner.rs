@@ -535,19 +535,20 @@ fn flex_batched_serial(
         at
     };
     // `(zero, one)`: the GEMM's `alpha` and `beta`, as Flex passes them.
+    // The output is a `Vec` handed to Flex as is (`Bytes::from_elems`): `FlexTensor::empty`
+    // zeroes a byte buffer and copies it into an aligned one (`Bytes::from_bytes_vec`).
     fn run<T: burn::tensor::Element + bytemuck::Pod>(
         a: &burn_flex::FlexTensor,
         b: &burn_flex::FlexTensor,
-        out: &mut burn_flex::FlexTensor,
-        (m, k, n): (usize, usize, usize),
+        (matrices, m, k, n): (usize, usize, usize, usize),
         offset: &dyn Fn(&burn_flex::FlexTensor, usize) -> isize,
         (zero, one): (T, T),
-    ) {
+    ) -> Vec<T> {
         let (a_s, b_s) = (a.layout().strides(), b.layout().strides());
         let r = a_s.len();
         let (x, y): (&[T], &[T]) = (a.storage(), b.storage());
-        let c: &mut [T] = out.storage_mut();
-        for (i, c) in c.chunks_mut(m * n).enumerate() {
+        let mut out = vec![zero; matrices * m * n];
+        for (i, c) in out.chunks_mut(m * n).enumerate() {
             // SAFETY: the offsets and strides are the operands' own layout, so every element
             // the GEMM reads lies in their storage; `c` holds the `m * n` row-major outputs.
             unsafe {
@@ -574,16 +575,18 @@ fn flex_batched_serial(
                 );
             }
         }
+        out
     }
-    let mut shape = batch.clone();
-    shape.extend([m, n]);
-    let mut out = burn_flex::FlexTensor::empty(burn::tensor::Shape::from(shape), a.dtype());
-    match a.dtype() {
-        DType::F32 => run::<f32>(a, b, &mut out, (m, k, n), &offset, (0.0, 1.0)),
-        DType::F64 => run::<f64>(a, b, &mut out, (m, k, n), &offset, (0.0, 1.0)),
+    let dims = (matrices, m, k, n);
+    let bytes = match a.dtype() {
+        DType::F32 => burn::tensor::Bytes::from_elems(run::<f32>(a, b, dims, &offset, (0.0, 1.0))),
+        DType::F64 => burn::tensor::Bytes::from_elems(run::<f64>(a, b, dims, &offset, (0.0, 1.0))),
         _ => return None,
-    }
-    Some(out)
+    };
+    let mut shape = batch;
+    shape.extend([m, n]);
+    let layout = burn_flex::Layout::contiguous(burn::tensor::Shape::from(shape));
+    Some(burn_flex::FlexTensor::new(bytes, layout, a.dtype()))
 }
 
 /// [`matmul_strided`]'s product on ndarray views: `None` unless both have the same rank (at

@@ -391,10 +391,15 @@ pub fn contract<B: Backend, K: Kind<B>>(
     let merge = |t: K::P| -> K::P {
         let ts = t.shape().to_vec();
         if prefer_dense::<B>() && !crate::collective::stacked::only_unit_dims_move(&ts, &order) {
-            // Slices at each index of the axes, concatenated along the contracting dim:
-            // contiguous copies, where Flex would copy a permuted view through its scalar
-            // strided iterator (the spatial weight gradient: 340 µs against 60).
-            cat_over::<B, K>(t, axes, r - 2)
+            // One copy by contiguous runs on the host where `t` is a row-major host tensor
+            // (the spatial weight gradient's input, 32 x 600 runs); else slices at each index
+            // of the axes, concatenated along the contracting dim. Flex would otherwise copy a
+            // permuted view through its scalar strided iterator (340 µs against 60), and its
+            // `cat` copies each slice of a larger buffer twice (`to_contiguous`, then the cat).
+            match crate::collective::stacked::dense_permute::<B, K>(&t, &order) {
+                Some(p) => K::reshape(p, Shape::from(merged(&ts, r - 2, r - 1))),
+                None => cat_over::<B, K>(t, axes, r - 2),
+            }
         } else {
             K::reshape(
                 permute::<B, K>(t, &order),
@@ -524,42 +529,124 @@ pub fn coalesce(shapes: &[&[usize]]) -> Option<Vec<Vec<usize>>> {
     )
 }
 
-/// Element-wise operands in stacked form, reshaped for the inner op: adjacent dims merged
-/// ([`coalesce`]), and, on backends that [`prefer_dense`], when the merged rank is still above
-/// 2, operands that broadcast materialised to the full shape (one `repeat_dim` per broadcast
-/// dim). Returns the shapes to reshape to, the merged output shape and whether each operand
-/// needs materialising.
-pub fn elementwise_plan<B>(shapes: &[&[usize]]) -> (Vec<Vec<usize>>, Vec<usize>, Vec<bool>) {
-    let merged = if reshape_copies::<B>() {
-        None
-    } else {
-        coalesce(shapes)
-    }
-    .unwrap_or_else(|| shapes.iter().map(|s| s.to_vec()).collect());
-    let refs: Vec<&[usize]> = merged.iter().map(|s| &s[..]).collect();
-    let out = broadcast_shape(&refs);
-    let dense = merged
-        .iter()
-        .map(|s| out.len() > 2 && prefer_dense::<B>() && s.iter().zip(&out).any(|(&a, &b)| a != b))
-        .collect();
-    (merged, out, dense)
+/// How one element-wise operand in stacked form reaches the inner op ([`elementwise_plan`],
+/// [`prepare`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Operand {
+    /// `(dim, times)`: `repeat_dim`s on the stacked shape, before the reshape.
+    pub repeat: Vec<(usize, usize)>,
+    /// The merged shape the operand is reshaped to.
+    pub shape: Vec<usize>,
+    /// Whether, after the reshape, every dim where it is 1 and the output is not is repeated.
+    pub dense: bool,
 }
 
-/// `x` reshaped to `shape`, then repeated along each dim where it is 1 and `out` is not, when
-/// `dense`.
-pub fn prepare<B: Backend, K: Kind<B>>(
-    x: K::P,
-    shape: &[usize],
-    out: &[usize],
-    dense: bool,
-) -> K::P {
-    let mut x = if x.shape().iter().eq(shape.iter()) {
+/// Element-wise operands in stacked form, reshaped for the inner op: adjacent dims merged
+/// ([`coalesce`]). On backends that [`prefer_dense`] (Flex, whose broadcasting iterator above
+/// rank 2 is scalar), an operand that broadcasts while the merged rank is above 2 is
+/// materialised: first by the fewest repeats that let the operands merge to rank 2 or less
+/// (a model-parallel bias `[1, 2, 1, 24]` against `[4, 2, 16, 24]` repeats its third dim, 16
+/// times its 48 elements, and the pair merges to `[1, 768]` against `[4, 768]`, Flex's shared-row
+/// fast path), else to the full merged shape (one `repeat_dim` per broadcast dim). Returns each
+/// operand's plan and the merged output shape.
+pub fn elementwise_plan<B>(shapes: &[&[usize]]) -> (Vec<Operand>, Vec<usize>) {
+    let merge = |shapes: &[&[usize]]| -> Vec<Vec<usize>> {
+        if reshape_copies::<B>() {
+            None
+        } else {
+            coalesce(shapes)
+        }
+        .unwrap_or_else(|| shapes.iter().map(|s| s.to_vec()).collect())
+    };
+    let plan = |repeats: Vec<Vec<(usize, usize)>>, merged: Vec<Vec<usize>>, dense: bool| {
+        let refs: Vec<&[usize]> = merged.iter().map(|s| &s[..]).collect();
+        let out = broadcast_shape(&refs);
+        let ops = repeats
+            .into_iter()
+            .zip(merged)
+            .map(|(repeat, shape)| Operand {
+                dense: dense && out.len() > 2 && shape.iter().zip(&out).any(|(&a, &b)| a != b),
+                repeat,
+                shape,
+            })
+            .collect();
+        (ops, out)
+    };
+    let merged = merge(shapes);
+    let none = || vec![Vec::new(); shapes.len()];
+    let rank = merged.first().map_or(0, Vec::len);
+    let broadcasts = |m: &[Vec<usize>]| {
+        let refs: Vec<&[usize]> = m.iter().map(|s| &s[..]).collect();
+        let out = broadcast_shape(&refs);
+        m.iter().any(|s| s != &out)
+    };
+    if !prefer_dense::<B>() || rank <= 2 || !broadcasts(&merged) {
+        return plan(none(), merged, false);
+    }
+    let out = broadcast_shape(shapes);
+    let repeats: Vec<Vec<(usize, usize)>> =
+        shapes.iter().map(|s| fewest_repeats(s, &out)).collect();
+    let repeated: Vec<Vec<usize>> = shapes
+        .iter()
+        .zip(&repeats)
+        .map(|(s, r)| {
+            let mut s = s.to_vec();
+            for &(d, _) in r {
+                s[d] = out[d];
+            }
+            s
+        })
+        .collect();
+    let refs: Vec<&[usize]> = repeated.iter().map(|s| &s[..]).collect();
+    let remerged = merge(&refs);
+    if remerged.first().map_or(0, Vec::len) <= 2 {
+        plan(repeats, remerged, false)
+    } else {
+        plan(none(), merged, true)
+    }
+}
+
+/// The repeats that leave operand `s` broadcasting against `out` only on leading dims (then
+/// whole: `[1, 1, F, F]`, a shared row) or only on trailing dims (`[F, F, 1, 1]`, a scalar per
+/// row), whichever materialises fewer elements; dims of output size 1 count as neither.
+fn fewest_repeats(s: &[usize], out: &[usize]) -> Vec<(usize, usize)> {
+    let broadcast = |d: usize| s[d] == 1 && out[d] > 1;
+    let whole = |d: usize| s[d] == out[d] && out[d] > 1;
+    let dims = 0..s.len();
+    let first_whole = dims.clone().find(|&d| whole(d));
+    let last_whole = dims.clone().rev().find(|&d| whole(d));
+    let (Some(first), Some(last)) = (first_whole, last_whole) else {
+        return Vec::new(); // all broadcast (or scalar-like): both forms already
+    };
+    let leading: Vec<usize> = (first..s.len()).filter(|&d| broadcast(d)).collect();
+    let trailing: Vec<usize> = (0..last).filter(|&d| broadcast(d)).collect();
+    let size = |r: &[usize]| -> usize {
+        dims.clone()
+            .map(|d| if r.contains(&d) { out[d] } else { s[d] })
+            .product()
+    };
+    let pick = if size(&leading) <= size(&trailing) {
+        leading
+    } else {
+        trailing
+    };
+    pick.into_iter().map(|d| (d, out[d])).collect()
+}
+
+/// `x` repeated as `op.repeat` says, reshaped to `op.shape`, then repeated along each dim where
+/// it is 1 and `out` is not, when `op.dense` ([`elementwise_plan`]).
+pub fn prepare<B: Backend, K: Kind<B>>(x: K::P, op: &Operand, out: &[usize]) -> K::P {
+    let mut x = x;
+    for &(d, times) in &op.repeat {
+        x = K::repeat_dim(x, d, times);
+    }
+    let mut x = if x.shape().iter().eq(op.shape.iter()) {
         x
     } else {
-        K::reshape(x, Shape::from(shape.to_vec()))
+        K::reshape(x, Shape::from(op.shape.clone()))
     };
-    if dense {
-        for (d, (&a, &b)) in shape.iter().zip(out).enumerate() {
+    if op.dense {
+        for (d, (&a, &b)) in op.shape.iter().zip(out).enumerate() {
             if a == 1 && b > 1 {
                 x = K::repeat_dim(x, d, b);
             }
@@ -571,6 +658,24 @@ pub fn prepare<B: Backend, K: Kind<B>>(
 #[cfg(test)]
 mod tests {
     use super::fold_along;
+
+    #[test]
+    fn broadcasting_operands_repeat_the_fewest_dims() {
+        use super::fewest_repeats;
+        // A model-parallel bias against a [batch, model, rows, cols] stack: the rows repeat.
+        assert_eq!(
+            fewest_repeats(&[1, 2, 1, 24], &[4, 2, 16, 24]),
+            vec![(2, 16)]
+        );
+        // A per-row statistic: already a scalar per row after the whole dims.
+        assert_eq!(fewest_repeats(&[4, 2, 16, 1], &[4, 2, 16, 24]), vec![]);
+        // Broadcast inside both ends: the cheaper form (leading: 2 * 3 * 7 repeated from 1 * 3 * 1).
+        assert_eq!(fewest_repeats(&[1, 3, 1, 7], &[5, 3, 2, 7]), vec![(2, 2)]);
+        assert_eq!(fewest_repeats(&[5, 1, 3, 1], &[5, 9, 3, 2]), vec![(1, 9)]);
+        // Whole, or broadcast everywhere: nothing to repeat.
+        assert_eq!(fewest_repeats(&[4, 2, 16, 24], &[4, 2, 16, 24]), vec![]);
+        assert_eq!(fewest_repeats(&[1, 1, 1, 1], &[4, 2, 16, 24]), vec![]);
+    }
 
     #[test]
     fn operands_fold_around_the_indexed_dim() {

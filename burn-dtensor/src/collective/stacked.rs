@@ -336,7 +336,7 @@ pub(crate) fn permute<B: Backend, K: Kind<B>>(x: K::P, order: &[usize]) -> K::P 
 /// reads it next (a model- or spatial-parallel step's BatchNorm sums and gradient chunks: 7% of
 /// the spatial step). `None` when `x` is not a row-major host tensor of a numeric dtype, or the
 /// runs are too short for the copies to beat the iterator.
-fn dense_permute<B: Backend, K: Kind<B>>(x: &K::P, order: &[usize]) -> Option<K::P> {
+pub(crate) fn dense_permute<B: Backend, K: Kind<B>>(x: &K::P, order: &[usize]) -> Option<K::P> {
     /// Elements per run below which the per-run bookkeeping costs more than it saves.
     const MIN_RUN: usize = 8;
     let shape = x.shape().to_vec();

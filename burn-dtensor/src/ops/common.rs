@@ -222,10 +222,10 @@ pub fn binary<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
         }
         let (xs, ys) = (x.shape(), y.shape());
         let shape = broadcast_shape(&[&xs, &ys]);
-        let (m, o, dense) = stack::elementwise_plan::<B>(&[&xs, &ys]);
+        let (p, o) = stack::elementwise_plan::<B>(&[&xs, &ys]);
         let r = f(
-            stack::prepare::<B, K1>(x, &m[0], &o, dense[0]),
-            stack::prepare::<B, K2>(y, &m[1], &o, dense[1]),
+            stack::prepare::<B, K1>(x, &p[0], &o),
+            stack::prepare::<B, K2>(y, &p[1], &o),
         );
         if r.shape().iter().eq(shape.iter()) {
             r
@@ -295,11 +295,11 @@ pub fn mask_where<B: Backend, K: Kind<B>, KM: Kind<B>>(
         }
         let (xs, ms, vs) = (x.shape(), m.shape(), v.shape());
         let shape = broadcast_shape(&[&xs, &ms, &vs]);
-        let (c, o, dense) = stack::elementwise_plan::<B>(&[&xs, &ms, &vs]);
+        let (p, o) = stack::elementwise_plan::<B>(&[&xs, &ms, &vs]);
         let r = f(
-            stack::prepare::<B, K>(x, &c[0], &o, dense[0]),
-            stack::prepare::<B, KM>(m, &c[1], &o, dense[1]),
-            stack::prepare::<B, K>(v, &c[2], &o, dense[2]),
+            stack::prepare::<B, K>(x, &p[0], &o),
+            stack::prepare::<B, KM>(m, &p[1], &o),
+            stack::prepare::<B, K>(v, &p[2], &o),
         );
         if r.shape().iter().eq(shape.iter()) {
             r
