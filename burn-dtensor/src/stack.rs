@@ -558,30 +558,32 @@ pub fn elementwise_plan<B>(shapes: &[&[usize]]) -> (Vec<Operand>, Vec<usize>) {
         }
         .unwrap_or_else(|| shapes.iter().map(|s| s.to_vec()).collect())
     };
-    let plan = |repeats: Vec<Vec<(usize, usize)>>, merged: Vec<Vec<usize>>, dense: bool| {
-        let refs: Vec<&[usize]> = merged.iter().map(|s| &s[..]).collect();
-        let out = broadcast_shape(&refs);
+    // Each operand's plan, from its repeats and merged shape; `dense` marks the operands that
+    // still broadcast against `out` above rank 2 for the full repeat.
+    let plan = |repeats: Vec<Vec<(usize, usize)>>,
+                merged: Vec<Vec<usize>>,
+                out: Vec<usize>,
+                dense: bool| {
         let ops = repeats
             .into_iter()
             .zip(merged)
             .map(|(repeat, shape)| Operand {
-                dense: dense && out.len() > 2 && shape.iter().zip(&out).any(|(&a, &b)| a != b),
+                dense: dense && out.len() > 2 && shape != out,
                 repeat,
                 shape,
             })
             .collect();
         (ops, out)
     };
-    let merged = merge(shapes);
-    let none = || vec![Vec::new(); shapes.len()];
-    let rank = merged.first().map_or(0, Vec::len);
-    let broadcasts = |m: &[Vec<usize>]| {
+    let out_of = |m: &[Vec<usize>]| {
         let refs: Vec<&[usize]> = m.iter().map(|s| &s[..]).collect();
-        let out = broadcast_shape(&refs);
-        m.iter().any(|s| s != &out)
+        broadcast_shape(&refs)
     };
-    if !prefer_dense::<B>() || rank <= 2 || !broadcasts(&merged) {
-        return plan(none(), merged, false);
+    let merged = merge(shapes);
+    let merged_out = out_of(&merged);
+    let none = || vec![Vec::new(); shapes.len()];
+    if !prefer_dense::<B>() || merged_out.len() <= 2 || merged.iter().all(|s| s == &merged_out) {
+        return plan(none(), merged, merged_out, false);
     }
     let out = broadcast_shape(shapes);
     let repeats: Vec<Vec<(usize, usize)>> =
@@ -599,10 +601,11 @@ pub fn elementwise_plan<B>(shapes: &[&[usize]]) -> (Vec<Operand>, Vec<usize>) {
         .collect();
     let refs: Vec<&[usize]> = repeated.iter().map(|s| &s[..]).collect();
     let remerged = merge(&refs);
-    if remerged.first().map_or(0, Vec::len) <= 2 {
-        plan(repeats, remerged, false)
+    let remerged_out = out_of(&remerged);
+    if remerged_out.len() <= 2 {
+        plan(repeats, remerged, remerged_out, false)
     } else {
-        plan(none(), merged, true)
+        plan(none(), merged, merged_out, true)
     }
 }
 
@@ -635,8 +638,7 @@ fn fewest_repeats(s: &[usize], out: &[usize]) -> Vec<(usize, usize)> {
 
 /// `x` repeated as `op.repeat` says, reshaped to `op.shape`, then repeated along each dim where
 /// it is 1 and `out` is not, when `op.dense` ([`elementwise_plan`]).
-pub fn prepare<B: Backend, K: Kind<B>>(x: K::P, op: &Operand, out: &[usize]) -> K::P {
-    let mut x = x;
+pub fn prepare<B: Backend, K: Kind<B>>(mut x: K::P, op: &Operand, out: &[usize]) -> K::P {
     for &(d, times) in &op.repeat {
         x = K::repeat_dim(x, d, times);
     }
