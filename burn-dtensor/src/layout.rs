@@ -45,11 +45,23 @@ pub(crate) type Partials = smallvec::SmallVec<[Option<ReduceOp>; 4]>;
 /// assert!(matches!(Layout::new(&mesh, ["rows", "unsharded"]), Err(DTensorError::UnknownAxis { .. })));
 /// # Ok::<(), DTensorError>(())
 /// ```
-#[derive(Clone, PartialEq, Eq)]
+#[derive(PartialEq, Eq)]
 pub struct Layout {
     pub(crate) mesh: Arc<MeshTopology>,
     pub(crate) dims: DimSpecs,
     pub(crate) partial: Partials,
+}
+
+/// Copies the inline dims and partials as slices (`SmallVec`'s own `Clone` extends item by
+/// item; layouts are cloned several times per op).
+impl Clone for Layout {
+    fn clone(&self) -> Self {
+        Self {
+            mesh: self.mesh.clone(),
+            dims: DimSpecs::from_slice(&self.dims),
+            partial: Partials::from_slice(&self.partial),
+        }
+    }
 }
 
 /// Hashes the mesh by its id, not its contents (equal layouts have equal meshes, so equal ids:
@@ -71,6 +83,19 @@ impl fmt::Debug for Layout {
 }
 
 impl Layout {
+    /// Appends this layout to a memo key ([`crate::memo`]): the mesh's interned id, then each
+    /// dim's axis and each axis's pending reduction (`usize::MAX` for none).
+    pub(crate) fn push_key(&self, key: &mut crate::memo::Key) {
+        key.push(self.mesh.id as usize);
+        key.push(self.dims.len());
+        key.extend(self.dims.iter().map(|d| d.unwrap_or(usize::MAX)));
+        key.extend(
+            self.partial
+                .iter()
+                .map(|p| p.map_or(usize::MAX, |op| op as usize)),
+        );
+    }
+
     /// A layout from one entry per tensor dim: [`UNSHARDED`] or a mesh axis name.
     ///
     /// # Errors

@@ -75,6 +75,7 @@ mod inner;
 pub mod launch;
 mod layout;
 pub mod layout_map;
+mod memo;
 mod mesh;
 mod ops;
 pub mod random;

@@ -92,24 +92,27 @@ pub fn uses_axis(layout: &Layout, a: usize) -> bool {
 /// in one process) where the layout uses it, else 1; then the per-shard shape (the layout must
 /// split its sharded dims evenly).
 pub fn stack_shape(layout: &Layout, shape: &[usize]) -> Vec<usize> {
+    stack_dims(layout, shape).collect()
+}
+
+/// [`stack_shape`]'s dims, without allocating them.
+fn stack_dims<'a>(layout: &'a Layout, shape: &'a [usize]) -> impl Iterator<Item = usize> + 'a {
     let topo = &layout.mesh;
-    let mut out: Vec<usize> = (0..topo.ndim())
-        .map(|a| {
+    (0..topo.ndim())
+        .map(move |a| {
             if uses_axis(layout, a) {
                 topo.local_axis_size(a)
             } else {
                 1
             }
         })
-        .collect();
-    out.extend(
-        layout
-            .dims
-            .iter()
-            .zip(shape)
-            .map(|(s, &n)| s.map_or(n, |a| n / topo.axis_size(a))),
-    );
-    out
+        .chain(
+            layout
+                .dims
+                .iter()
+                .zip(shape)
+                .map(move |(s, &n)| s.map_or(n, |a| n / topo.axis_size(a))),
+        )
 }
 
 /// Elements of the stacked primitive that one process holding the whole mesh would hold
@@ -273,12 +276,12 @@ pub fn to_per_device<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> 
 /// When the inner op did not produce the [`stack_shape`] (a sharding rule without a stacked
 /// form routed here: an internal bug, reported rather than returned as wrong numbers).
 pub fn output<P: TensorMetadata>(shape: Vec<usize>, layout: Layout, stack: P) -> DTensor<P> {
-    let expected = stack_shape(&layout, &shape);
     let got = stack.shape();
     assert!(
-        got.iter().eq(expected.iter()),
-        "burn-dtensor: stacked op produced {:?}, expected {expected:?} for global {shape:?} under {layout} (please report)",
-        got.to_vec()
+        got.iter().copied().eq(stack_dims(&layout, &shape)),
+        "burn-dtensor: stacked op produced {:?}, expected {:?} for global {shape:?} under {layout} (please report)",
+        got.to_vec(),
+        stack_shape(&layout, &shape)
     );
     DTensor::from_stacked(shape, layout, stack)
 }
@@ -539,6 +542,37 @@ pub struct Operand {
     pub shape: Vec<usize>,
     /// Whether, after the reshape, every dim where it is 1 and the output is not is repeated.
     pub dense: bool,
+}
+
+/// [`elementwise_plan`] for operands of stacked shapes `shapes` on inner backend `B`, with the
+/// broadcast (unmerged) output shape, memoised per thread ([`crate::memo`]).
+pub struct Elementwise {
+    /// Each operand's plan, in argument order.
+    pub operands: Vec<Operand>,
+    /// The merged output shape the inner op computes.
+    pub merged: Vec<usize>,
+    /// The stacked output shape (the broadcast of `shapes`), which the result is reshaped to.
+    pub out: Vec<usize>,
+}
+
+/// [`Elementwise`] for `shapes`, computed once per thread for each list of shapes and each
+/// kind of inner backend (the plan depends on [`reshape_copies`] and [`prefer_dense`] only).
+pub fn elementwise_memo<B>(shapes: &[&[usize]]) -> std::rc::Rc<Elementwise> {
+    thread_local!(static MEMO: crate::memo::Memo<Elementwise> = Default::default());
+    let mut key = crate::memo::Key::new();
+    key.push(reshape_copies::<B>() as usize);
+    key.push(prefer_dense::<B>() as usize);
+    for s in shapes {
+        crate::memo::push_list(&mut key, s);
+    }
+    crate::memo::get_or(&MEMO, key, || {
+        let (operands, merged) = elementwise_plan::<B>(shapes);
+        Elementwise {
+            operands,
+            merged,
+            out: broadcast_shape(shapes),
+        }
+    })
 }
 
 /// Element-wise operands in stacked form, reshaped for the inner op: adjacent dims merged

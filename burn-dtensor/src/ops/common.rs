@@ -9,7 +9,7 @@ use crate::layout::Layout;
 use crate::layout::local_ranges;
 use crate::mesh::Mesh;
 use crate::redistribute::execute_stacked;
-use crate::rules::pointwise::{Linearity, broadcast_shape, nary};
+use crate::rules::pointwise::{Linearity, broadcast_shape, nary, nary_memo};
 use crate::rules::{self, Strategy, fallback, index, reduce, view};
 use crate::stack::{self, At};
 use crate::tensor::{DTensor, Kind};
@@ -194,11 +194,11 @@ pub fn binary<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
         lin
     };
     let out = broadcast_shape(&[&a.shape, &b.shape]);
-    let mut s = nary(&[(&a.layout, &a.shape), (&b.layout, &b.shape)], &out, lin);
+    let mut s = nary_memo(&[(&a.layout, &a.shape), (&b.layout, &b.shape)], &out, lin);
     if !s.output.is_partial() && (a.settle_to.is_some() || b.settle_to.is_some()) {
         // The sum does not stay pending: its operands settle where their producers said.
         (a, b) = (settled::<B, K1>(a), settled::<B, K2>(b));
-        s = nary(&[(&a.layout, &a.shape), (&b.layout, &b.shape)], &out, lin);
+        s = nary_memo(&[(&a.layout, &a.shape), (&b.layout, &b.shape)], &out, lin);
     }
     let hint = rules::pointwise::settle_layout(
         &[
@@ -220,17 +220,16 @@ pub fn binary<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
         if !matches!(at, At::Stacked(_)) {
             return f(x, y);
         }
-        let (xs, ys) = (x.shape(), y.shape());
-        let shape = broadcast_shape(&[&xs, &ys]);
-        let (p, o) = stack::elementwise_plan::<B>(&[&xs, &ys]);
+        let e = stack::elementwise_memo::<B>(&[&x.shape(), &y.shape()]);
+        let (p, o) = (&e.operands, &e.merged);
         let r = f(
-            stack::prepare::<B, K1>(x, &p[0], &o),
-            stack::prepare::<B, K2>(y, &p[1], &o),
+            stack::prepare::<B, K1>(x, &p[0], o),
+            stack::prepare::<B, K2>(y, &p[1], o),
         );
-        if r.shape().iter().eq(shape.iter()) {
+        if o == &e.out {
             r
         } else {
-            KO::reshape(r, shape.into())
+            KO::reshape(r, e.out.clone().into())
         }
     });
     r.settle_to = hint.map(std::sync::Arc::new);
@@ -280,7 +279,7 @@ pub fn mask_where<B: Backend, K: Kind<B>, KM: Kind<B>>(
     }
     let (t, value) = (settle_hinted::<B, K>(t), settle_hinted::<B, K>(value));
     let out = broadcast_shape(&[&t.shape, &mask.shape, &value.shape]);
-    let s = nary(
+    let s = nary_memo(
         &[
             (&t.layout, &t.shape),
             (&mask.layout, &mask.shape),
@@ -293,18 +292,17 @@ pub fn mask_where<B: Backend, K: Kind<B>, KM: Kind<B>>(
         if !matches!(at, At::Stacked(_)) {
             return f(x, m, v);
         }
-        let (xs, ms, vs) = (x.shape(), m.shape(), v.shape());
-        let shape = broadcast_shape(&[&xs, &ms, &vs]);
-        let (p, o) = stack::elementwise_plan::<B>(&[&xs, &ms, &vs]);
+        let e = stack::elementwise_memo::<B>(&[&x.shape(), &m.shape(), &v.shape()]);
+        let (p, o) = (&e.operands, &e.merged);
         let r = f(
-            stack::prepare::<B, K>(x, &p[0], &o),
-            stack::prepare::<B, KM>(m, &p[1], &o),
-            stack::prepare::<B, K>(v, &p[2], &o),
+            stack::prepare::<B, K>(x, &p[0], o),
+            stack::prepare::<B, KM>(m, &p[1], o),
+            stack::prepare::<B, K>(v, &p[2], o),
         );
-        if r.shape().iter().eq(shape.iter()) {
+        if o == &e.out {
             r
         } else {
-            K::reshape(r, shape.into())
+            K::reshape(r, e.out.clone().into())
         }
     })
 }

@@ -1,10 +1,10 @@
 //! Planning a relayout as a sequence of collective steps along mesh axes.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use crate::error::{DTensorError, Result};
 use crate::layout::{Layout, ReduceOp};
+use crate::memo;
 
 /// One step of a relayout, along one mesh axis.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,13 +69,7 @@ pub enum Step {
     },
 }
 
-type Cache = Mutex<HashMap<(Layout, Layout), Arc<Vec<Step>>>>;
-fn cache() -> &'static Cache {
-    static C: OnceLock<Cache> = OnceLock::new();
-    C.get_or_init(Default::default)
-}
-
-/// Plans the relayout `from -> to` (cached per layout pair).
+/// Plans the relayout `from -> to` (memoised per layout pair and thread, [`crate::memo`]).
 ///
 /// # Errors
 /// [`DTensorError::MeshMismatch`] for layouts of different meshes,
@@ -88,13 +82,13 @@ pub fn plan(from: &Layout, to: &Layout) -> Result<Arc<Vec<Step>>> {
         });
     }
     to.check_rank(from.rank())?;
-    let key = (from.clone(), to.clone());
-    if let Some(p) = cache().lock().unwrap().get(&key) {
-        return Ok(p.clone());
-    }
-    let steps = Arc::new(plan_uncached(from, to));
-    cache().lock().unwrap().insert(key, steps.clone());
-    Ok(steps)
+    thread_local!(static MEMO: memo::Memo<Arc<Vec<Step>>> = Default::default());
+    let mut key = memo::Key::new();
+    from.push_key(&mut key);
+    to.push_key(&mut key);
+    Ok(Arc::clone(&memo::get_or(&MEMO, key, || {
+        Arc::new(plan_uncached(from, to))
+    })))
 }
 
 fn plan_uncached(from: &Layout, to: &Layout) -> Vec<Step> {

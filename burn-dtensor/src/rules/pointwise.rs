@@ -4,8 +4,11 @@
 //! that shards it without conflict; other inputs are redistributed to match (a replicated input
 //! is sliced locally, for free). A size-1 (broadcast) dim is never sharded.
 
+use std::rc::Rc;
+
 use super::Strategy;
 use crate::layout::{Layout, Partials, ReduceOp};
+use crate::memo;
 
 /// How an op treats pending reductions (partial sums) of its inputs.
 ///
@@ -66,6 +69,24 @@ pub fn unary(l: &Layout, lin: Linearity) -> Strategy {
         inputs: vec![r.clone()],
         output: r,
     }
+}
+
+/// [`nary`], memoised per thread on its arguments ([`crate::memo`]): the rule of every
+/// element-wise op of a training step is computed once, in its first step.
+pub fn nary_memo(
+    inputs: &[(&Layout, &[usize])],
+    out_shape: &[usize],
+    lin: Linearity,
+) -> Rc<Strategy> {
+    thread_local!(static MEMO: memo::Memo<Strategy> = Default::default());
+    let mut key = memo::Key::new();
+    key.push(lin as usize);
+    memo::push_list(&mut key, out_shape);
+    for (l, s) in inputs {
+        l.push_key(&mut key);
+        memo::push_list(&mut key, s);
+    }
+    memo::get_or(&MEMO, key, || nary(inputs, out_shape, lin))
 }
 
 /// N-ary element-wise op over same-rank inputs broadcast to `out_shape`.
