@@ -152,9 +152,44 @@ pub fn unary<B: Backend, KI: Kind<B>, KO: Kind<B>>(
         return r;
     }
     let t = settled::<B, KI>(t);
+    if held_stacked::<B, _>(&t) {
+        return map_stacked(t, f);
+    }
     let s = rules::pointwise::unary(&t.layout, Linearity::None);
     let shape = t.shape.clone();
     run1::<B, KI, KO>(t, &s, shape, true, |_, x| f(x))
+}
+
+/// Whether `t` is held stacked, with no pending reduction, where the dispatcher would run an op
+/// on it stacked ([`dispatch::holds_stacked`]): then an element-wise op whose operands all share
+/// `t`'s layout and shape keeps them ([`rules::pointwise::nary`] on equal layouts is that layout
+/// in and out), and runs once on the stacked primitives without a rule, a relayout check or a
+/// new layout ([`map_stacked`]). Most element-wise ops of a training step are such.
+fn held_stacked<B: Backend, P>(t: &DTensor<P>) -> bool {
+    matches!(t.shards, crate::tensor::Shards::Stacked(_))
+        && !t.layout.is_partial()
+        && dispatch::holds_stacked::<B>(&t.layout, &t.shape)
+}
+
+/// `f` on the stacked primitive of `t` ([`held_stacked`]), an element-wise op: the output has
+/// `t`'s shape and shares its layout.
+fn map_stacked<P, Q: TensorMetadata>(t: DTensor<P>, f: impl FnOnce(P) -> Q) -> DTensor<Q> {
+    let DTensor {
+        shape,
+        layout,
+        shards,
+        ..
+    } = t;
+    let crate::tensor::Shards::Stacked(x) = shards else {
+        unreachable!("held_stacked: a stacked tensor")
+    };
+    let y = f(x);
+    debug_assert!(
+        y.shape()
+            .iter()
+            .eq(stack::stack_shape(&layout, &shape).iter())
+    );
+    DTensor::from_stacked(shape, layout, y)
 }
 
 /// Whether a [`Linearity::Scaling`] op may keep its pending operand `t` pending (each member's
@@ -183,6 +218,30 @@ pub fn binary<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
         return solo_map(a, |x| f(x, only(b)));
     }
     let (mut a, mut b) = (settled_memo(a), settled_memo(b));
+    // `f` on the stacked operands, broadcast and merged as `stack::elementwise_plan` says.
+    let stacked = |x: K1::P, y: K2::P| {
+        let e = stack::elementwise_memo::<B>(&[&x.shape(), &y.shape()]);
+        let (p, o) = (&e.operands, &e.merged);
+        let r = f(
+            stack::prepare::<B, K1>(x, &p[0], o),
+            stack::prepare::<B, K2>(y, &p[1], o),
+        );
+        if o == &e.out {
+            r
+        } else {
+            KO::reshape(r, e.out.clone().into())
+        }
+    };
+    if held_stacked::<B, _>(&a)
+        && held_stacked::<B, _>(&b)
+        && a.shape == b.shape
+        && a.layout == b.layout
+    {
+        let crate::tensor::Shards::Stacked(y) = b.shards else {
+            unreachable!("held_stacked: a stacked tensor")
+        };
+        return map_stacked(a, |x| stacked(x, y));
+    }
     let keeps = match (a.layout.is_partial(), b.layout.is_partial()) {
         (true, false) => scaling(&a, false),
         (false, true) => scaling(&b, false),
@@ -216,21 +275,9 @@ pub fn binary<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
     } else {
         (a, b)
     };
-    let mut r = run2::<B, K1, K2, KO>(a, b, &s, out, true, |at, x, y| {
-        if !matches!(at, At::Stacked(_)) {
-            return f(x, y);
-        }
-        let e = stack::elementwise_memo::<B>(&[&x.shape(), &y.shape()]);
-        let (p, o) = (&e.operands, &e.merged);
-        let r = f(
-            stack::prepare::<B, K1>(x, &p[0], o),
-            stack::prepare::<B, K2>(y, &p[1], o),
-        );
-        if o == &e.out {
-            r
-        } else {
-            KO::reshape(r, e.out.clone().into())
-        }
+    let mut r = run2::<B, K1, K2, KO>(a, b, &s, out, true, |at, x, y| match at {
+        At::Stacked(_) => stacked(x, y),
+        At::Device(_) => f(x, y),
     });
     r.settle_to = hint.map(std::sync::Arc::new);
     if lin == Linearity::Scaling
