@@ -49,8 +49,8 @@
 //!
 //! The tree follows the same concepts: `mesh.rs`, `layout.rs`, `shard.rs` (global <-> local
 //! geometry), `device.rs`, `tensor.rs` (the primitive), `backend.rs` and `ops/` (Burn's op
-//! traits, thin), `rules/` (sharding rules, one op family per file), `redistribute/` (plans and
-//! execution), `collective/`, `stack.rs` (stacked execution on virtual meshes), `autodiff.rs`
+//! traits, thin), `rules/` (sharding rules, one op family per file), `memo.rs` (per-thread memos
+//! of rules and plans), `redistribute/` (plans and execution), `collective/`, `stack.rs` (stacked execution on virtual meshes), `autodiff.rs`
 //! (differentiable relayout), `grads.rs` (gradients settled for the optimizer), `layout_map.rs`, `comm.rs` (communication accounting),
 //! `visualize.rs` and `error.rs`.
 
