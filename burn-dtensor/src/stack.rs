@@ -275,7 +275,12 @@ pub fn to_per_device<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> 
 /// # Panics
 /// When the inner op did not produce the [`stack_shape`] (a sharding rule without a stacked
 /// form routed here: an internal bug, reported rather than returned as wrong numbers).
-pub fn output<P: TensorMetadata>(shape: Vec<usize>, layout: Layout, stack: P) -> DTensor<P> {
+pub fn output<P: TensorMetadata>(
+    shape: Vec<usize>,
+    layout: impl Into<std::sync::Arc<Layout>>,
+    stack: P,
+) -> DTensor<P> {
+    let layout = layout.into();
     let got = stack.shape();
     assert!(
         got.iter().copied().eq(stack_dims(&layout, &shape)),

@@ -172,7 +172,7 @@ fn held_stacked<B: Backend, P>(t: &DTensor<P>) -> bool {
 }
 
 /// `f` on the stacked primitive of `t` ([`held_stacked`]), an element-wise op: the output has
-/// `t`'s shape and shares its layout.
+/// `t`'s shape and shares its layout (checked as every stacked output is, [`stack::output`]).
 fn map_stacked<P, Q: TensorMetadata>(t: DTensor<P>, f: impl FnOnce(P) -> Q) -> DTensor<Q> {
     let DTensor {
         shape,
@@ -183,13 +183,7 @@ fn map_stacked<P, Q: TensorMetadata>(t: DTensor<P>, f: impl FnOnce(P) -> Q) -> D
     let crate::tensor::Shards::Stacked(x) = shards else {
         unreachable!("held_stacked: a stacked tensor")
     };
-    let y = f(x);
-    debug_assert!(
-        y.shape()
-            .iter()
-            .eq(stack::stack_shape(&layout, &shape).iter())
-    );
-    DTensor::from_stacked(shape, layout, y)
+    stack::output(shape, layout, f(x))
 }
 
 /// Whether a [`Linearity::Scaling`] op may keep its pending operand `t` pending (each member's
@@ -232,10 +226,11 @@ pub fn binary<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
             KO::reshape(r, e.out.clone().into())
         }
     };
+    // `b` of `a`'s shape and layout is held stacked when `a` is, if its shards are stacked.
     if held_stacked::<B, _>(&a)
-        && held_stacked::<B, _>(&b)
         && a.shape == b.shape
         && a.layout == b.layout
+        && matches!(b.shards, crate::tensor::Shards::Stacked(_))
     {
         let crate::tensor::Shards::Stacked(y) = b.shards else {
             unreachable!("held_stacked: a stacked tensor")
