@@ -315,6 +315,55 @@ pub fn collapse_strided(shape: &[usize], strides: &[usize]) -> (Vec<usize>, Vec<
     (cs, ct)
 }
 
+/// The strides (in elements) of `new_shape` as a view of the strided view (`shape`, `strides`)
+/// with the same elements in row-major order, where one exists without a copy: each run of old
+/// dims that merges or splits into a run of new dims must be contiguous within itself (numpy's
+/// `_attempt_nocopy_reshape`). Size-1 dims take stride 0. `None` when the element counts differ,
+/// a dim is empty, or the reshape needs a copy.
+// Used by `inner`'s Flex paths only.
+#[cfg_attr(not(feature = "flex"), allow(dead_code))]
+pub fn view_strides(shape: &[usize], strides: &[usize], new_shape: &[usize]) -> Option<Vec<usize>> {
+    if shape.iter().product::<usize>() != new_shape.iter().product::<usize>() || shape.contains(&0)
+    {
+        return None;
+    }
+    let old: Vec<(usize, usize)> = shape
+        .iter()
+        .zip(strides)
+        .filter(|&(&n, _)| n != 1)
+        .map(|(&n, &s)| (n, s))
+        .collect();
+    let new: Vec<usize> = (0..new_shape.len())
+        .filter(|&d| new_shape[d] != 1)
+        .collect();
+    let mut out = vec![0; new_shape.len()];
+    let (mut oi, mut ni) = (0, 0);
+    while oi < old.len() && ni < new.len() {
+        let (o0, n0) = (oi, ni);
+        let (mut op, mut np) = (old[oi].0, new_shape[new[ni]]);
+        while op != np {
+            if op < np {
+                oi += 1;
+                op *= old.get(oi)?.0;
+            } else {
+                ni += 1;
+                np *= new_shape[*new.get(ni)?];
+            }
+        }
+        // The old dims o0..=oi must be one contiguous block of the view.
+        if (o0..oi).any(|k| old[k].1 != old[k + 1].1 * old[k + 1].0) {
+            return None;
+        }
+        out[new[ni]] = old[oi].1;
+        for k in (n0..ni).rev() {
+            out[new[k]] = out[new[k + 1]] * new_shape[new[k + 1]];
+        }
+        oi += 1;
+        ni += 1;
+    }
+    (oi == old.len() && ni == new.len()).then_some(out)
+}
+
 /// The strided view of host bytes `src` (`shape`, non-negative `strides` and `offset` in
 /// elements of `dtype`) copied into a row-major tensor of `shape`: an odometer over the outer
 /// dims (merged first, [`collapse_strided`]) and a tight loop over the innermost one, a
@@ -579,6 +628,35 @@ pub(crate) mod tests {
             }
         }
         out
+    }
+
+    /// Reshapes as views: row-major, a transposed view split and merged where it can be, and
+    /// the reshapes that need a copy.
+    #[test]
+    fn view_strides_split_and_merge_contiguous_blocks() {
+        use super::view_strides;
+        // Row-major [6, 4]: any reshape is a view.
+        assert_eq!(
+            view_strides(&[6, 4], &[4, 1], &[2, 3, 4]),
+            Some(vec![12, 4, 1])
+        );
+        assert_eq!(view_strides(&[6, 4], &[4, 1], &[24]), Some(vec![1]));
+        assert_eq!(view_strides(&[6, 4], &[4, 1], &[3, 8]), Some(vec![8, 1]));
+        // The transpose of a row-major [4, 6] ([6, 4] with strides [1, 6]): its dims split
+        // (the spatial step's `[64, 48] -> [2, 32, 48]`), a unit dim dropped or added...
+        assert_eq!(
+            view_strides(&[6, 4], &[1, 6], &[2, 3, 4]),
+            Some(vec![3, 1, 6])
+        );
+        assert_eq!(
+            view_strides(&[1, 6, 4], &[99, 1, 6], &[6, 1, 2, 2]),
+            Some(vec![1, 0, 12, 6])
+        );
+        // ...but do not merge across the transposed pair, and counts must agree.
+        assert_eq!(view_strides(&[6, 4], &[1, 6], &[24]), None);
+        assert_eq!(view_strides(&[6, 4], &[1, 6], &[3, 8]), None);
+        assert_eq!(view_strides(&[6, 4], &[4, 1], &[5, 5]), None);
+        assert_eq!(view_strides(&[6, 0], &[1, 6], &[0, 6]), None);
     }
 
     /// Every permutation of a rank-4 tensor (odd sizes) against NdArray's own permute.

@@ -132,17 +132,8 @@ pub fn host_bytes<P: 'static>(t: &P) -> Option<&[u8]> {
 /// strides): the caller keeps `t`. See [`crate::tensor::Kind::dense`].
 pub fn dense_copy<P: 'static>(t: &P) -> Option<burn::tensor::TensorData> {
     #[cfg(feature = "flex")]
-    if let Some(t) = (t as &dyn std::any::Any).downcast_ref::<burn_flex::FlexTensor>() {
-        use burn::tensor::DType;
-        if t.is_contiguous() || matches!(t.dtype(), DType::Bool(_) | DType::QFloat(_)) {
-            return None;
-        }
+    if let Some((t, strides)) = flex_host_view(t) {
         let l = t.layout();
-        let strides: Vec<usize> = l
-            .strides()
-            .iter()
-            .map(|&s| usize::try_from(s).ok())
-            .collect::<Option<_>>()?;
         let shape: &[usize] = l.shape();
         if crate::host::collapse_strided(shape, &strides).0.len() <= 2 {
             return None;
@@ -150,6 +141,49 @@ pub fn dense_copy<P: 'static>(t: &P) -> Option<burn::tensor::TensorData> {
         return crate::host::copy_strided(t.bytes(), t.dtype(), shape, &strides, l.start_offset());
     }
     let _ = t;
+    None
+}
+
+/// `t` as a Flex strided view (not contiguous) of a numeric dtype (not bool or quantized) with
+/// its strides, all non-negative, in elements: what [`crate::host::copy_strided`] reads. `None`
+/// otherwise (a contiguous tensor is its own row-major copy).
+#[cfg(feature = "flex")]
+fn flex_host_view<P: 'static>(t: &P) -> Option<(&burn_flex::FlexTensor, Vec<usize>)> {
+    use burn::tensor::DType;
+    let t = (t as &dyn std::any::Any).downcast_ref::<burn_flex::FlexTensor>()?;
+    if t.is_contiguous() || matches!(t.dtype(), DType::Bool(_) | DType::QFloat(_)) {
+        return None;
+    }
+    let strides = t
+        .layout()
+        .strides()
+        .iter()
+        .map(|&s| usize::try_from(s).ok())
+        .collect::<Option<_>>()?;
+    Some((t, strides))
+}
+
+/// Primitive `t` reshaped to `shape` then permuted by `order`, copied row-major on the host in
+/// one pass where `t` is a Flex strided view (not contiguous) whose reshape is a view
+/// ([`crate::host::view_strides`]): the view's strides permuted, then
+/// [`crate::host::copy_strided`]. A strided `t` would otherwise be copied twice, by the reshape
+/// ([`dense_copy`]) and by the permute (a spatial step's gradient chunks, NOTES.md session 45).
+/// `None` for every other backend, dtype (bool, quantized) or layout (contiguous, negative
+/// strides, a reshape that needs a copy): the caller reshapes and permutes.
+pub fn reshape_permute_copy<P: 'static>(
+    t: &P,
+    shape: &[usize],
+    order: &[usize],
+) -> Option<burn::tensor::TensorData> {
+    #[cfg(feature = "flex")]
+    if let Some((t, strides)) = flex_host_view(t) {
+        let l = t.layout();
+        let view = crate::host::view_strides(l.shape(), &strides, shape)?;
+        let (shape, strides): (Vec<usize>, Vec<usize>) =
+            order.iter().map(|&d| (shape[d], view[d])).unzip();
+        return crate::host::copy_strided(t.bytes(), t.dtype(), &shape, &strides, l.start_offset());
+    }
+    let _ = (t, shape, order);
     None
 }
 
@@ -495,7 +529,8 @@ fn product_dims(a: &[usize], b: &[usize]) -> Option<(Vec<usize>, (usize, usize, 
 /// [8, 1200, 6]` pays the pool's round trip for 0.5 ms of work (NOTES.md, "The single-process
 /// step", parts 10 and 11). Here each matrix is that same `gemm::gemm` call, with Flex's
 /// arguments (`alpha` 0, `beta` 1, strides as the operands lie, `Parallelism::None`), into a
-/// zeroed row-major output: bitwise Flex's result (tested below). `None`, and Flex's own matmul,
+/// row-major output that is written, never read (`read_dst` false, as Flex passes it; not
+/// zeroed first: the memset was ~1% of the spatial step): bitwise Flex's result (tested below). `None`, and Flex's own matmul,
 /// for rank 2, one matrix, an empty dim, other dtypes, shapes Flex would reject, a matrix of
 /// 192^3 multiply-adds or more (Flex then threads the GEMM itself) and a product whose
 /// multiply-adds / [`MATMUL_WORK_PER_ELEMENT`] reach [`par_min`], the decorator's own bar for
@@ -547,16 +582,18 @@ fn flex_batched_serial(
         let (a_s, b_s) = (a.layout().strides(), b.layout().strides());
         let r = a_s.len();
         let (x, y): (&[T], &[T]) = (a.storage(), b.storage());
-        let mut out = vec![zero; matrices * m * n];
-        for (i, c) in out.chunks_mut(m * n).enumerate() {
+        let len = matrices * m * n;
+        let mut out: Vec<T> = Vec::with_capacity(len);
+        for i in 0..matrices {
             // SAFETY: the offsets and strides are the operands' own layout, so every element
-            // the GEMM reads lies in their storage; `c` holds the `m * n` row-major outputs.
+            // the GEMM reads lies in their storage; matrix `i`'s `m * n` row-major outputs lie
+            // inside `out`'s capacity.
             unsafe {
                 gemm::gemm(
                     m,
                     n,
                     k,
-                    c.as_mut_ptr(),
+                    out.as_mut_ptr().add(i * m * n),
                     1,
                     n as isize,
                     false,
@@ -575,6 +612,10 @@ fn flex_batched_serial(
                 );
             }
         }
+        // SAFETY: with `read_dst` false (`gemm-common` then zeroes `alpha` and no kernel reads
+        // the destination) and `k > 0`, each GEMM wrote all `m * n` outputs of its matrix, so
+        // the first `len` elements are initialised.
+        unsafe { out.set_len(len) };
         out
     }
     let dims = (matrices, m, k, n);
@@ -1086,6 +1127,57 @@ mod tests {
         let bad = prim(Tensor::<NdArray, 4>::ones([3, 3, 300, 2], &d));
         assert!(super::matmul_strided(&prim(x), &bad).is_none());
         assert!(super::matmul_strided(&0u32, &1u32).is_none());
+    }
+
+    /// [`super::reshape_permute_copy`] against Flex's own reshape then permute, on row-major
+    /// tensors and on transposed and sliced views (f32 and f64): the chunks of a local chunk
+    /// (`[64, 48] -> [2, 32, 48]`, the split dim moved first) and of other splits.
+    #[test]
+    fn reshape_permute_copy_is_flexs_reshape_and_permute() {
+        use burn::backend::Flex;
+        use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+        let d = Default::default();
+        let mut checked = 0;
+        for dtype in [burn::tensor::DType::F32, burn::tensor::DType::F64] {
+            let base = Tensor::<Flex, 1, burn::tensor::Int>::arange(0..48 * 64, &d)
+                .float()
+                .cast(dtype)
+                .reshape([48, 64]);
+            let views = [
+                base.clone().swap_dims(0, 1),
+                base.clone().slice([8..32, 0..64]).swap_dims(0, 1),
+            ];
+            for v in views {
+                let [r, c] = v.dims();
+                for (shape, order) in [
+                    ([1, 2, r / 2, c], [0, 1, 2, 3]),
+                    ([1, 2, r / 2, c], [0, 2, 1, 3]),
+                    ([1, r, 2, c / 2], [0, 2, 1, 3]),
+                    ([1, r, 4, c / 4], [2, 0, 1, 3]),
+                ] {
+                    let want = v.clone().reshape(shape).permute(order).into_data();
+                    let p: burn_flex::FlexTensor = match v.clone().into_primitive() {
+                        TensorPrimitive::Float(p) => p,
+                        TensorPrimitive::QFloat(_) => unreachable!("float"),
+                    };
+                    let got: TensorData =
+                        super::reshape_permute_copy(&p, &shape, &order).expect("a view");
+                    assert_eq!(got, want, "{dtype:?} {:?} {shape:?} {order:?}", v.dims());
+                    checked += 1;
+                }
+            }
+            // A reshape that merges a transposed pair needs a copy, and a contiguous tensor
+            // reshapes as a view: both left to the caller.
+            let prim = |t: Tensor<Flex, 2>| match t.into_primitive() {
+                TensorPrimitive::Float(p) => p,
+                TensorPrimitive::QFloat(_) => unreachable!("float"),
+            };
+            let t = prim(base.clone().swap_dims(0, 1));
+            assert!(super::reshape_permute_copy(&t, &[48 * 64], &[0]).is_none());
+            let t = prim(base);
+            assert!(super::reshape_permute_copy(&t, &[2, 24, 64], &[1, 0, 2]).is_none());
+        }
+        assert_eq!(checked, 16);
     }
 
     /// [`super::matmul_strided`] on Flex against Flex's own `float_matmul`, bitwise: batched

@@ -412,6 +412,9 @@ fn chunks_onto_axis<B: Backend, K: Kind<B>>(
     let mut order: Vec<usize> = (0..split.len()).filter(|&i| i != p - 1).collect();
     order.insert(axis, p - 1);
     if crate::inner::prefer_dense::<B>() && !only_unit_dims_move(&split, &order) {
+        if let Some(d) = crate::inner::reshape_permute_copy(&x, &split, &order) {
+            return K::from_data(d, &K::device(&x));
+        }
         let split = K::reshape(x.clone(), Shape::from(split));
         if let Some(p) = dense_permute::<B, K>(&split, &order) {
             return p;
