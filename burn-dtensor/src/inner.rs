@@ -530,11 +530,11 @@ fn product_dims(a: &[usize], b: &[usize]) -> Option<(Vec<usize>, (usize, usize, 
 /// step", parts 10 and 11). Here each matrix is that same `gemm::gemm` call, with Flex's
 /// arguments (`alpha` 0, `beta` 1, strides as the operands lie, `Parallelism::None`), into a
 /// row-major output that is written, never read (`read_dst` false, as Flex passes it; not
-/// zeroed first: the memset was ~1% of the spatial step): bitwise Flex's result (tested below). `None`, and Flex's own matmul,
-/// for rank 2, one matrix, an empty dim, other dtypes, shapes Flex would reject, a matrix of
-/// 192^3 multiply-adds or more (Flex then threads the GEMM itself) and a product whose
-/// multiply-adds / [`MATMUL_WORK_PER_ELEMENT`] reach [`par_min`], the decorator's own bar for
-/// the pool.
+/// zeroed first: the memset was ~1% of the spatial step): bitwise Flex's result (tested
+/// below). `None`, and Flex's own matmul, for rank 2, one matrix, an empty dim, other dtypes,
+/// shapes Flex would reject, a matrix of 192^3 multiply-adds or more (Flex then threads the
+/// GEMM itself) and a product whose multiply-adds / [`MATMUL_WORK_PER_ELEMENT`] reach
+/// [`par_min`], the decorator's own bar for the pool.
 #[cfg(feature = "flex")]
 fn flex_batched_serial(
     a: &burn_flex::FlexTensor,

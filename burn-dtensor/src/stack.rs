@@ -95,12 +95,20 @@ pub fn stack_shape(layout: &Layout, shape: &[usize]) -> Vec<usize> {
     stack_dims(layout, shape).collect()
 }
 
-/// [`stack_shape`]'s dims, without allocating them.
+/// [`stack_shape`]'s dims, without allocating them. The used axes are found once, as a bit
+/// mask ([`stack::output`](output) checks every stacked op's result against these dims).
 fn stack_dims<'a>(layout: &'a Layout, shape: &'a [usize]) -> impl Iterator<Item = usize> + 'a {
     let topo = &layout.mesh;
+    let mut used = 0u64;
+    for &a in layout.dims.iter().flatten() {
+        used |= 1 << a;
+    }
+    for (a, p) in layout.partial.iter().enumerate() {
+        used |= u64::from(p.is_some()) << a;
+    }
     (0..topo.ndim())
         .map(move |a| {
-            if uses_axis(layout, a) {
+            if used >> a & 1 == 1 {
                 topo.local_axis_size(a)
             } else {
                 1
@@ -113,36 +121,6 @@ fn stack_dims<'a>(layout: &'a Layout, shape: &'a [usize]) -> impl Iterator<Item 
                 .zip(shape)
                 .map(move |(s, &n)| s.map_or(n, |a| n / topo.axis_size(a))),
         )
-}
-
-/// Whether `got` is [`stack_shape`]`(layout, shape)`: [`stack_dims`] as one loop over a mask of
-/// the used axes, run on every stacked op's output ([`output`]).
-fn is_stack_shape(layout: &Layout, shape: &[usize], got: &[usize]) -> bool {
-    let topo = &layout.mesh;
-    let k = topo.ndim();
-    if got.len() != k + shape.len() {
-        return false;
-    }
-    let mut used = 0u64;
-    for &a in layout.dims.iter().flatten() {
-        used |= 1 << a;
-    }
-    for (a, p) in layout.partial.iter().enumerate() {
-        used |= u64::from(p.is_some()) << a;
-    }
-    (0..k).all(|a| {
-        got[a]
-            == if used >> a & 1 == 1 {
-                topo.local_axis_size(a)
-            } else {
-                1
-            }
-    }) && layout
-        .dims
-        .iter()
-        .zip(shape)
-        .zip(&got[k..])
-        .all(|((s, &n), &g)| g == s.map_or(n, |a| n / topo.axis_size(a)))
 }
 
 /// Elements of the stacked primitive that one process holding the whole mesh would hold
@@ -313,7 +291,7 @@ pub fn output<P: TensorMetadata>(
     let layout = layout.into();
     let got = stack.shape();
     assert!(
-        is_stack_shape(&layout, &shape, &got),
+        got.iter().copied().eq(stack_dims(&layout, &shape)),
         "burn-dtensor: stacked op produced {:?}, expected {:?} for global {shape:?} under {layout} (please report)",
         got.to_vec(),
         stack_shape(&layout, &shape)
