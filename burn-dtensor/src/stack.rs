@@ -95,25 +95,18 @@ pub fn stack_shape(layout: &Layout, shape: &[usize]) -> Vec<usize> {
     stack_dims(layout, shape).collect()
 }
 
-/// [`stack_shape`]'s dims, without allocating them. The used axes are found once, as a bit
-/// mask ([`stack::output`](output) checks every stacked op's result against these dims).
+/// [`stack_shape`]'s dims, without allocating them (for meshes of up to 8 axes). The used axes
+/// ([`uses_axis`]) are found once, for all axes ([`stack::output`](output) checks every stacked
+/// op's result against these dims).
 fn stack_dims<'a>(layout: &'a Layout, shape: &'a [usize]) -> impl Iterator<Item = usize> + 'a {
     let topo = &layout.mesh;
-    let mut used = 0u64;
+    let mut used: smallvec::SmallVec<[bool; 8]> =
+        layout.partial.iter().map(Option::is_some).collect();
     for &a in layout.dims.iter().flatten() {
-        used |= 1 << a;
-    }
-    for (a, p) in layout.partial.iter().enumerate() {
-        used |= u64::from(p.is_some()) << a;
+        used[a] = true;
     }
     (0..topo.ndim())
-        .map(move |a| {
-            if used >> a & 1 == 1 {
-                topo.local_axis_size(a)
-            } else {
-                1
-            }
-        })
+        .map(move |a| if used[a] { topo.local_axis_size(a) } else { 1 })
         .chain(
             layout
                 .dims
