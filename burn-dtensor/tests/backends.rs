@@ -327,6 +327,72 @@ fn deferred_case<I: Backend, const D: usize>(
     assert!(!log.events.is_empty());
 }
 
+/// Products whose rhs alone is sharded over a mesh axis along its columns (a model axis, 24
+/// columns a shard, as the IMDB `dense1` on a `model=2` mesh): a model-parallel forward, a
+/// weight gradient contracting a sharded batch (`stack::contract`), and a spatial product (the
+/// contracting dim sharded too: partial products). Data with rounding and `k = 600` (two of
+/// Flex's GEMM blocks of 512), so a change of summation order would show: on Flex and NdArray
+/// the stacked mesh and the mesh run per device give the inner backend's own bits (the whole
+/// product, or each shard's product; the per-device weight gradient sums two partial products,
+/// so it is compared to the tolerance), on the other backends the values to the tolerance.
+pub fn narrow_model_products<I: Backend>(device: I::Device) {
+    let exact = ["burn_flex::", "burn_ndarray::"]
+        .iter()
+        .any(|p| std::any::type_name::<I>().starts_with(p));
+    let rough = |shape: [usize; 2], seed: usize| {
+        TensorData::new(
+            (0..shape[0] * shape[1])
+                .map(|i| ((i * 7919 + seed * 104_729) as f32 * 1e-3).sin())
+                .collect::<Vec<f32>>(),
+            shape,
+        )
+    };
+    let (dx, dw, dy) = (rough([16, 600], 1), rough([600, 48], 2), rough([16, 48], 3));
+    let inner = |d: &TensorData| Tensor::<I, 2>::from_data(d.clone(), &device);
+    let check = |got: TensorData, want: TensorData, bitwise: bool| {
+        if bitwise {
+            assert_eq!(got, want);
+        } else {
+            got.assert_approx_eq::<f32>(&want, Tolerance::rel_abs(1e-3, 1e-4));
+        }
+    };
+    let stacked = mesh::<I>(&device);
+    for (m, per_device) in [
+        (stacked.clone(), false),
+        (stacked.with_stacked_execution(false), true),
+    ] {
+        let put = |d: &TensorData, l: [&str; 2]| -> Tensor<DistributedBackend<I>, 2> {
+            distribute(d.clone(), &Layout::new(&m, l).unwrap()).unwrap()
+        };
+        // Model-parallel forward: the rows on `a`, the weight's columns on `b`.
+        let y = put(&dx, ["a", "unsharded"]).matmul(put(&dw, ["unsharded", "b"]));
+        check(
+            y.into_data(),
+            inner(&dx).matmul(inner(&dw)).into_data(),
+            exact,
+        );
+        // A weight gradient: the batch contracted over `a`, the columns on `b`.
+        let g = put(&dx, ["a", "unsharded"])
+            .transpose()
+            .matmul(put(&dy, ["a", "b"]));
+        check(
+            g.into_data(),
+            inner(&dx).transpose().matmul(inner(&dy)).into_data(),
+            exact && !per_device,
+        );
+        // Spatial: the contracting dim on `a` (a partial product per shard), the columns on `b`.
+        let p = put(&dx, ["unsharded", "a"]).matmul(put(&dw, ["a", "b"]));
+        assert!(p.layout().is_partial());
+        for (i, s) in p.to_local_shards().into_iter().enumerate() {
+            let (ca, cb) = (i / 2, i % 2);
+            let want = inner(&dx)
+                .narrow(1, ca * 300, 300)
+                .matmul(inner(&dw).narrow(0, ca * 300, 300).narrow(1, cb * 24, 24));
+            check(s.into_data(), want.into_data(), exact);
+        }
+    }
+}
+
 /// The suite's tests, instantiated per backend by `common::suite!`.
 macro_rules! backend_suite {
     ($name:ident, $backend:ty, $device:expr) => {
@@ -340,7 +406,8 @@ macro_rules! backend_suite {
                 relayouts,
                 sliced_shards,
                 gradients,
-                deferred_partials
+                deferred_partials,
+                narrow_model_products
             ]
         );
     };
