@@ -468,6 +468,36 @@ pub fn permute_run(shape: &[usize], order: &[usize]) -> usize {
     shape[moved_dims(order)..].iter().product()
 }
 
+/// The dim order `q` in which a tensor of `shape` and element `strides` is row-major and
+/// contiguous (`permute(t, q)` has strides `[.., shape[q[r-1]], 1]`), when that is not the order
+/// it has: a permuted view of a row-major tensor (a transpose). Dims of size 1 keep their place
+/// (their strides say nothing). `None` when the tensor is row-major already, has a negative
+/// stride, or is no permutation of a contiguous tensor (a slice, a broadcast).
+#[cfg(any(feature = "ndarray", feature = "flex"))]
+pub fn row_major_order(shape: &[usize], strides: &[isize]) -> Option<Vec<usize>> {
+    if strides.iter().any(|&s| s < 0) {
+        return None;
+    }
+    let big: Vec<usize> = (0..shape.len()).filter(|&d| shape[d] > 1).collect();
+    let mut sorted = big.clone();
+    sorted.sort_by_key(|&d| std::cmp::Reverse(strides[d]));
+    if sorted == big {
+        return None;
+    }
+    let mut expect = 1isize;
+    for &d in sorted.iter().rev() {
+        if strides[d] != expect {
+            return None;
+        }
+        expect *= shape[d] as isize;
+    }
+    let mut q: Vec<usize> = (0..shape.len()).collect();
+    for (&slot, &d) in big.iter().zip(&sorted) {
+        q[slot] = d;
+    }
+    Some(q)
+}
+
 /// How many leading dims a permutation `order` moves: the trailing dims after them keep their
 /// place.
 fn moved_dims(order: &[usize]) -> usize {
@@ -632,6 +662,45 @@ pub(crate) mod tests {
 
     /// Reshapes as views: row-major, a transposed view split and merged where it can be, and
     /// the reshapes that need a copy.
+    #[test]
+    #[cfg(any(feature = "ndarray", feature = "flex"))]
+    fn row_major_order_undoes_a_permutation() {
+        use super::row_major_order;
+        // Row-major strides of `shape`, then the view permuted by `order`.
+        let permuted = |shape: &[usize], order: &[usize]| -> (Vec<usize>, Vec<isize>) {
+            let mut strides = vec![1isize; shape.len()];
+            for d in (0..shape.len().saturating_sub(1)).rev() {
+                strides[d] = strides[d + 1] * shape[d + 1] as isize;
+            }
+            order.iter().map(|&d| (shape[d], strides[d])).unzip()
+        };
+        // Every permutation of a 4-dim tensor: `q` undoes it (`order[q[i]]` back in order).
+        for order in permutations4() {
+            let (shape, strides) = permuted(&[2, 3, 4, 5], &order);
+            match row_major_order(&shape, &strides) {
+                None => assert_eq!(order, [0, 1, 2, 3]),
+                Some(q) => {
+                    let undone: Vec<usize> = q.iter().map(|&i| order[i]).collect();
+                    assert_eq!(undone, [0, 1, 2, 3], "{order:?}");
+                }
+            }
+        }
+        // A stacked `x^T`: `[positions 4, features 1200, rows 8]`, from row-major `[4, 8, 1200]`.
+        assert_eq!(
+            row_major_order(&[4, 1200, 8], &[9600, 1, 1200]),
+            Some(vec![0, 2, 1])
+        );
+        // Size-1 dims keep their place whatever their stride.
+        assert_eq!(
+            row_major_order(&[1, 1200, 1, 8], &[7, 1, 3, 1200]),
+            Some(vec![0, 3, 2, 1])
+        );
+        // A slice (a gap between rows), a broadcast, a negative stride: no such order.
+        assert_eq!(row_major_order(&[3, 4], &[1, 6]), None);
+        assert_eq!(row_major_order(&[3, 4], &[0, 1]), None);
+        assert_eq!(row_major_order(&[3, 4], &[-4, 1]), None);
+    }
+
     #[test]
     fn view_strides_split_and_merge_contiguous_blocks() {
         use super::view_strides;

@@ -125,6 +125,42 @@ pub fn host_bytes<P: 'static>(t: &P) -> Option<&[u8]> {
     None
 }
 
+/// The order of `t`'s dims in which it is row-major and contiguous, where `t` is a permuted view
+/// of such a tensor: a transposed operand, e.g. a data-parallel weight gradient's `x^T` stacked
+/// as `[positions, features, rows]` with strides `[rows * features, 1, features]`. `Some(q)`, not
+/// the identity, with `permute(t, q)` row-major ([`host_bytes`] reads it in place); dims of size
+/// 1 keep their place. `None` for a tensor already row-major, any other layout (a slice, a
+/// broadcast, negative strides), and backends other than NdArray and Flex. Only speed depends
+/// on the answer: the caller runs a relayout on the row-major tensor and permutes the result
+/// back (`collective::stacked::all_to_all_across`).
+pub fn row_major_order<P: 'static>(t: &P) -> Option<Vec<usize>> {
+    let any = t as &dyn std::any::Any;
+    #[cfg(feature = "ndarray")]
+    if let Some(t) = any.downcast_ref::<burn_ndarray::NdArrayTensor>() {
+        use burn_ndarray::NdArrayTensor as T;
+        macro_rules! layout {
+            ($($v:ident),*) => {
+                match t {
+                    $(T::$v(s) => {
+                        let v = s.view();
+                        crate::host::row_major_order(v.shape(), v.strides())
+                    })*
+                }
+            };
+        }
+        return layout!(F64, F32, I64, I32, I16, I8, U64, U32, U16, U8, Bool);
+    }
+    #[cfg(feature = "flex")]
+    if let Some(t) = any.downcast_ref::<burn_flex::FlexTensor>() {
+        let l = t.layout();
+        return (l.start_offset() == 0)
+            .then(|| crate::host::row_major_order(l.shape(), l.strides()))
+            .flatten();
+    }
+    let _ = any;
+    None
+}
+
 /// Primitive `t` copied row-major on the host where its backend would copy it element by element:
 /// a Flex tensor that is a strided view (a permuted or sliced stacked shard) whose dims do not
 /// merge to two or fewer ([`crate::host::collapse_strided`]; up to two, Flex's own tiled copy is

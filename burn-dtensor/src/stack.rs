@@ -316,9 +316,12 @@ pub fn matmul<B: Backend, K: Kind<B>>(
     let lhs_only: Vec<usize> = (0..ks).filter(|&a| xs[a] > 1 && ys[a] == 1).collect();
     let both_last = (0..ks).filter(|&a| xs[a] > 1 && ys[a] > 1).max();
     let rhs_own = (0..ks).any(|a| xs[a] == 1 && ys[a] > 1);
+    // A permuted lhs (`x^T` rows received by an all-to-all, `[4, 150, 64]` viewed from
+    // `[4, 64, 150]`) would be copied by the fold's reshape: its products run as it lies.
     if lhs_only.is_empty()
         || both_last.is_some_and(|b| b > lhs_only[0])
         || (rhs_own && prefer_dense::<B>())
+        || crate::inner::row_major_order(&x).is_some()
     {
         return f(x, y);
     }
