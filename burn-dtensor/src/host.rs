@@ -660,8 +660,8 @@ pub(crate) mod tests {
         out
     }
 
-    /// Reshapes as views: row-major, a transposed view split and merged where it can be, and
-    /// the reshapes that need a copy.
+    /// The row-major order of a permuted view: it undoes every permutation of a 4-dim tensor,
+    /// leaves size-1 dims in place, and is refused for slices, broadcasts and negative strides.
     #[test]
     #[cfg(any(feature = "ndarray", feature = "flex"))]
     fn row_major_order_undoes_a_permutation() {
@@ -701,6 +701,8 @@ pub(crate) mod tests {
         assert_eq!(row_major_order(&[3, 4], &[-4, 1]), None);
     }
 
+    /// Reshapes as views: row-major, a transposed view split and merged where it can be, and
+    /// the reshapes that need a copy.
     #[test]
     fn view_strides_split_and_merge_contiguous_blocks() {
         use super::view_strides;
