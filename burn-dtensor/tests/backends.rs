@@ -329,8 +329,9 @@ fn deferred_case<I: Backend, const D: usize>(
 
 /// Products whose rhs alone is sharded over a mesh axis along its columns (a model axis, 24
 /// columns a shard, as the IMDB `dense1` on a `model=2` mesh): a model-parallel forward, a
-/// weight gradient contracting a sharded batch (`stack::contract`), and a spatial product (the
-/// contracting dim sharded too: partial products). Data with rounding and `k = 600` (two of
+/// weight gradient contracting a sharded batch (`stack::contract`), the same with the input's
+/// features sharded too (the spatial weight gradient), and a spatial product (the contracting
+/// dim sharded too: partial products). Data with rounding and `k = 600` (two of
 /// Flex's GEMM blocks of 512), so a change of summation order would show: on Flex and NdArray
 /// the stacked mesh and the mesh run per device give the inner backend's own bits (the whole
 /// product, or each shard's product; the per-device weight gradient sums two partial products,
@@ -378,6 +379,25 @@ pub fn narrow_model_products<I: Backend>(device: I::Device) {
         check(
             g.into_data(),
             inner(&dx).transpose().matmul(inner(&dy)).into_data(),
+            exact && !per_device,
+        );
+        // A spatial weight gradient: the batch contracted over `a`, the input's features on
+        // `b`, so merging `a` into the contracting dim moves it inside `b` (a copy by runs,
+        // `stack::contract`); shard `cb` of the result is that feature block's product.
+        let g = put(&dx, ["a", "b"])
+            .transpose()
+            .matmul(put(&dy, ["a", "unsharded"]));
+        let blocks = (0..2)
+            .map(|cb| {
+                inner(&dx)
+                    .narrow(1, cb * 300, 300)
+                    .transpose()
+                    .matmul(inner(&dy))
+            })
+            .collect();
+        check(
+            g.into_data(),
+            Tensor::cat(blocks, 0).into_data(),
             exact && !per_device,
         );
         // Spatial: the contracting dim on `a` (a partial product per shard), the columns on `b`.
