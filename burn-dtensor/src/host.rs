@@ -364,10 +364,53 @@ pub fn view_strides(shape: &[usize], strides: &[usize], new_shape: &[usize]) -> 
     (oi == old.len() && ni == new.len()).then_some(out)
 }
 
+/// Appends to `out` the `rows x cols` block of `src` whose element `(r, c)` is at
+/// `base + r + c * ls` (a transposed matrix: rows contiguous in `src`), row-major, in square
+/// tiles: each tile reads `TILE` short runs and writes `TILE` short runs, where a row at a time
+/// would gather `cols` single elements a row apart for every output row.
+///
+/// # Panics
+/// When the block reaches past `src` (the caller checks the view's reach first).
+// Used by `copy_strided`, itself used by `inner`'s Flex paths only.
+#[cfg_attr(not(feature = "flex"), allow(dead_code))]
+fn transpose_into<W: Copy>(
+    src: &[W],
+    base: usize,
+    (rows, cols, ls): (usize, usize, usize),
+    out: &mut Vec<W>,
+) {
+    const TILE: usize = 8;
+    let start = out.len();
+    // Checked once here: every read below lies in `block`, every write in the reserved part.
+    let block = &src[base..base + (rows - 1) + (cols - 1) * ls + 1];
+    out.reserve(rows * cols);
+    let (from, to) = (block.as_ptr(), out.as_mut_ptr());
+    for r0 in (0..rows).step_by(TILE) {
+        let r1 = (r0 + TILE).min(rows);
+        for c0 in (0..cols).step_by(TILE) {
+            for c in c0..(c0 + TILE).min(cols) {
+                // SAFETY: `c * ls + r < block.len()` for `r < rows`, `c < cols`, and
+                // `start + r * cols + c < start + rows * cols`, within the reserved capacity.
+                unsafe {
+                    let column = from.add(c * ls);
+                    let row = to.add(start + c);
+                    for r in r0..r1 {
+                        *row.add(r * cols) = *column.add(r);
+                    }
+                }
+            }
+        }
+    }
+    // SAFETY: the tiles cover every `(r, c)` of the block once, so all `rows * cols` elements
+    // after `start` were written.
+    unsafe { out.set_len(start + rows * cols) };
+}
+
 /// The strided view of host bytes `src` (`shape`, non-negative `strides` and `offset` in
 /// elements of `dtype`) copied into a row-major tensor of `shape`: an odometer over the outer
 /// dims (merged first, [`collapse_strided`]) and a tight loop over the innermost one, a
-/// `memcpy` where it is contiguous. This is what Flex's own copy of a view above two merged
+/// `memcpy` where it is contiguous, a tiled transpose where the last two dims are a
+/// transposed matrix ([`transpose_into`]). This is what Flex's own copy of a view above two merged
 /// dims does element by element through its strided iterator (4-9% of a model- or
 /// spatial-parallel step's time on Flex, NOTES.md session 34). `None` when `src` is not aligned
 /// for `dtype`'s elements, or the view reaches past it.
@@ -400,15 +443,26 @@ pub fn copy_strided(
         if offset + reach >= src.len() {
             return None;
         }
-        let Some((&last, outer)) = shape.split_last() else {
+        let Some((&last, rest)) = shape.split_last() else {
             out.push(src[offset]);
             return Some(out);
         };
-        let ls = strides[outer.len()];
+        let ls = strides[rest.len()];
+        // A transposed block (the last two dims with strides `(1, ls)`: a swapped or permuted
+        // shard, `[4, 2, 16, 24]` with strides `[16, 1536, 1, 64]` in a model-parallel step)
+        // is copied as one unit per index of the dims before it, tile by tile, instead of one
+        // gather of `last` elements at a time.
+        let rows = match rest.split_last() {
+            Some((&rows, _)) if ls > 1 && strides[rest.len() - 1] == 1 => Some(rows),
+            _ => None,
+        };
+        let outer = &shape[..shape.len() - 1 - usize::from(rows.is_some())];
         let mut idx = vec![0usize; outer.len()];
         let mut base = offset;
         loop {
-            if ls == 1 {
+            if let Some(rows) = rows {
+                transpose_into(src, base, (rows, last, ls), &mut out);
+            } else if ls == 1 {
                 out.extend_from_slice(&src[base..base + last]);
             } else {
                 out.extend((0..last).map(|j| src[base + j * ls]));
@@ -699,6 +753,69 @@ pub(crate) mod tests {
         assert_eq!(row_major_order(&[3, 4], &[1, 6]), None);
         assert_eq!(row_major_order(&[3, 4], &[0, 1]), None);
         assert_eq!(row_major_order(&[3, 4], &[-4, 1]), None);
+    }
+
+    /// [`super::copy_strided`] against the strided-view formula (element `i` of the view at
+    /// `offset + sum(i_d * strides[d])`), for every permutation of a `[3, 5, 9, 11]` tensor
+    /// (odd sizes: partial tiles of the transposed-block path), at an offset, with a broadcast
+    /// dim, a slice, 1-dim and 0-dim views, and in the four element widths.
+    #[test]
+    fn copy_strided_is_the_view_formula() {
+        use burn::tensor::DType;
+        let src: Vec<u32> = (0..2000).collect();
+        let bytes: &[u8] = bytemuck::cast_slice(&src);
+        let naive = |shape: &[usize], strides: &[usize], offset: usize| -> Vec<u32> {
+            let n: usize = shape.iter().product();
+            (0..n)
+                .map(|mut i| {
+                    let mut at = offset;
+                    for d in (0..shape.len()).rev() {
+                        at += (i % shape[d]) * strides[d];
+                        i /= shape[d];
+                    }
+                    src[at]
+                })
+                .collect()
+        };
+        let check = |shape: &[usize], strides: &[usize], offset: usize| {
+            let got =
+                super::copy_strided(bytes, DType::U32, shape, strides, offset).expect("in bounds");
+            assert_eq!(got.shape.to_vec(), shape.to_vec());
+            assert_eq!(
+                got.to_vec::<u32>().unwrap(),
+                naive(shape, strides, offset),
+                "{shape:?} {strides:?} {offset}"
+            );
+        };
+        let (shape, row_major) = ([3, 5, 9, 11], [495, 99, 11, 1]);
+        for order in permutations4() {
+            let s: Vec<usize> = order.iter().map(|&d| shape[d]).collect();
+            let t: Vec<usize> = order.iter().map(|&d| row_major[d]).collect();
+            check(&s, &t, 0);
+            check(&s, &t, 7);
+        }
+        // A broadcast dim, a slice of a transposed matrix, 1-dim and 0-dim views.
+        check(&[4, 9, 11], &[0, 1, 9], 3);
+        check(&[2, 6, 5], &[400, 1, 40], 2);
+        check(&[17], &[3], 1);
+        check(&[], &[], 5);
+        // The other element widths take the same paths.
+        for (dtype, width) in [(DType::U8, 1), (DType::U16, 2), (DType::U64, 8)] {
+            let (s, t) = ([4, 7, 5], [1, 4, 28]);
+            let got = super::copy_strided(bytes, dtype, &s, &t, 1).expect("in bounds");
+            let mut want = Vec::new();
+            for a in 0..4 {
+                for b in 0..7 {
+                    for c in 0..5 {
+                        let at = (1 + a + b * 4 + c * 28) * width;
+                        want.extend_from_slice(&bytes[at..at + width]);
+                    }
+                }
+            }
+            assert_eq!(got.as_bytes(), &want[..], "{dtype:?}");
+        }
+        // Past the end: `None`, not a panic.
+        assert!(super::copy_strided(bytes, DType::U32, &[10, 11], &[1, 200], 0).is_none());
     }
 
     /// Reshapes as views: row-major, a transposed view split and merged where it can be, and
