@@ -301,7 +301,7 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
     /// batch row `r`, both model columns.
     ///
     /// A process holding several positions on one inner device (a virtual mesh per process)
-    /// runs them stacked, as one process does ([`crate::stack`]: each op once on the stacked
+    /// runs them stacked, as one process does (stacked execution: each op once on the stacked
     /// shards of its block); collectives along an axis it holds whole run on the stack, and so do
     /// all-reduces, all-gathers, reduce-scatters and all-to-alls along an axis that spans
     /// processes (combined in process, then one exchange across processes for all of the
