@@ -744,6 +744,7 @@ mod tests {
     /// another summation order rounds differently). Which views merge is checked too: NdArray
     /// merges leading dims whose strides allow it whatever the strides after them, Flex only
     /// contiguous tensors. Returns how many views merged.
+    #[cfg(all(feature = "ndarray", feature = "flex"))]
     fn merged_views_sum_as_the_unmerged<B: burn::tensor::backend::Backend>(flex: bool) -> usize {
         use burn::tensor::{Tensor, TensorData, TensorMetadata, TensorPrimitive};
         let device = Default::default();
@@ -807,6 +808,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(all(feature = "ndarray", feature = "flex"))]
     fn merged_leading_dims_sum_bitwise_as_unmerged() {
         assert_eq!(merged_views_sum_as_the_unmerged::<NdArray>(false), 9);
         assert_eq!(merged_views_sum_as_the_unmerged::<Flex>(true), 3);
@@ -817,6 +819,7 @@ mod tests {
     /// `float_mean_dim` (lengths 9 and 10 and these values round differently in another
     /// summation order); rank 2, other backends and int tensors are left to the backend.
     #[test]
+    #[cfg(feature = "ndarray")]
     fn fixed_rank_sums_bitwise_as_the_backend() {
         use burn::tensor::backend::BackendTypes;
         use burn::tensor::ops::FloatTensorOps;
@@ -904,6 +907,7 @@ mod tests {
     /// by [`super::dense_copy`] against Flex's own row-major read of the same view; the views
     /// that merge to two dims or fewer are left to Flex.
     #[test]
+    #[cfg(feature = "flex")]
     fn dense_copies_of_flex_views_equal_flex_reads() {
         use burn::tensor::{Int, Tensor, TensorData};
         let shape = [2usize, 3, 4, 5];
@@ -956,6 +960,7 @@ mod tests {
     /// In place where the bytes are the row-major tensor (equal to a download of it), `None`
     /// for a permuted view and for bool.
     #[test]
+    #[cfg(all(feature = "ndarray", feature = "flex"))]
     fn host_bytes_only_for_row_major_host_tensors() {
         use burn::tensor::{Tensor, TensorPrimitive};
         fn check<B: burn::tensor::backend::Backend>() {
@@ -985,6 +990,7 @@ mod tests {
     /// [`super::host_bytes`]'s, a write through them is the tensor's new value, and a clone (or
     /// a transposed view) gives `None`.
     #[test]
+    #[cfg(all(feature = "ndarray", feature = "flex"))]
     fn host_bytes_mut_only_for_unshared_row_major_host_tensors() {
         use burn::tensor::{Tensor, TensorData, TensorPrimitive};
         fn prim<B: burn::tensor::backend::Backend>(t: Tensor<B, 2>) -> B::FloatTensorPrimitive {
@@ -1024,6 +1030,7 @@ mod tests {
     /// for float, int and bool arrays and for a row-major slice; a transposed view and another
     /// backend get `None`. A shared row-major array downloads as a copy of its values.
     #[test]
+    #[cfg(feature = "ndarray")]
     fn reshape_views_share_storage_and_hold_the_reshaped_values() {
         use burn::tensor::ops::{FloatTensorOps, IntTensorOps};
         use burn::tensor::{Int, Tensor, TensorPrimitive};
@@ -1082,6 +1089,7 @@ mod tests {
     /// with a leading 1, shapes past the GEMM's blocking (`k` over 256, edge tiles), f32 and
     /// f64, batched and broadcast; `None` for incompatible shapes and another backend.
     #[test]
+    #[cfg(feature = "ndarray")]
     fn strided_matmul_is_bitwise_ndarrays() {
         use burn::tensor::ops::FloatTensorOps;
         use burn::tensor::{Distribution, Tensor, TensorPrimitive};
@@ -1169,6 +1177,7 @@ mod tests {
     /// tensors and on transposed and sliced views (f32 and f64): the chunks of a local chunk
     /// (`[64, 48] -> [2, 32, 48]`, the split dim moved first) and of other splits.
     #[test]
+    #[cfg(feature = "flex")]
     fn reshape_permute_copy_is_flexs_reshape_and_permute() {
         use burn::backend::Flex;
         use burn::tensor::{Tensor, TensorData, TensorPrimitive};
@@ -1222,6 +1231,7 @@ mod tests {
     /// broadcast batch dim, a sliced (offset) operand, and the products left to Flex (`None`:
     /// rank 2, one matrix, an empty dim, mismatched shapes, a matrix of 192^3 multiply-adds).
     #[test]
+    #[cfg(feature = "flex")]
     fn flex_batched_matmul_is_bitwise_flexs() {
         use burn::backend::Flex;
         use burn::tensor::ops::FloatTensorOps;
