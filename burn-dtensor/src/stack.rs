@@ -376,7 +376,7 @@ pub fn contract<B: Backend, K: Kind<B>>(
     axes: &[usize],
     f: impl Fn(K::P, K::P) -> K::P,
 ) -> K::P {
-    use crate::collective::stacked::permute;
+    use crate::collective::stacked::permute_for_merge;
     let (xs, ys) = (x.shape().to_vec(), y.shape().to_vec());
     let r = xs.len();
     let p: usize = axes.iter().map(|&a| xs[a]).product();
@@ -402,25 +402,24 @@ pub fn contract<B: Backend, K: Kind<B>>(
         .collect();
     let merge = |t: K::P| -> K::P {
         let ts = t.shape().to_vec();
-        if !crate::collective::stacked::only_unit_dims_move(&ts, &order) {
-            // The merge copies: once by contiguous runs on the host where `t` is a row-major
-            // host tensor (the spatial weight gradient's input, 32 x 600 runs). NdArray would
-            // otherwise copy the permuted view element by element in its reshape (4% of the
-            // spatial IMDB step) and Flex through its scalar strided iterator (340 µs against
-            // 60). Elsewhere on Flex, slices at each index of the axes concatenated along the
-            // contracting dim: its `cat` of a permuted view copies each slice twice
-            // (`to_contiguous`, then the cat).
-            if let Some(p) = crate::collective::stacked::dense_permute::<B, K>(&t, &order) {
-                return K::reshape(p, Shape::from(merged(&ts, r - 2, r - 1)));
+        if prefer_dense::<B>() && !crate::collective::stacked::only_unit_dims_move(&ts, &order) {
+            // One copy by contiguous runs on the host where `t` is a row-major host tensor
+            // (the spatial weight gradient's input, 32 x 600 runs); else slices at each index
+            // of the axes, concatenated along the contracting dim. Flex would otherwise copy a
+            // permuted view through its scalar strided iterator (340 µs against 60), and its
+            // `cat` copies each slice of a larger buffer twice (`to_contiguous`, then the cat).
+            match crate::collective::stacked::dense_permute::<B, K>(&t, &order) {
+                Some(p) => K::reshape(p, Shape::from(merged(&ts, r - 2, r - 1))),
+                None => cat_over::<B, K>(t, axes, r - 2),
             }
-            if prefer_dense::<B>() {
-                return cat_over::<B, K>(t, axes, r - 2);
-            }
+        } else {
+            // A real permute is copied by runs here too (NdArray's reshape of the permuted
+            // view would copy it element by element: 4% of the spatial IMDB step).
+            K::reshape(
+                permute_for_merge::<B, K>(t, &order),
+                Shape::from(merged(&ts, r - 2, r - 1)),
+            )
         }
-        K::reshape(
-            permute::<B, K>(t, &order),
-            Shape::from(merged(&ts, r - 2, r - 1)),
-        )
     };
     let swap: Vec<usize> = (0..r - 2).chain([r - 1, r - 2]).collect();
     let x = K::permute(merge(K::permute(x, &swap)), &swap);

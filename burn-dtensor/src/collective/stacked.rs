@@ -306,19 +306,24 @@ fn gather_dims<B: Backend, K: Kind<B>>(x: K::P, k: usize, axis: usize, dim: usiz
     order.insert(p - 1, axis);
     let mut target = with(&xs, axis, 1);
     target[p] *= m;
-    // Unless the permute only moves size-1 dims, the merge copies whatever the backend: once by
-    // contiguous runs where `x` is a row-major host tensor ([`dense_permute`]), not by the
-    // backend's reshape of a permuted view (NdArray's, element by element: 4.3% of rank 0's
-    // model-parallel IMDB step on 2 processes, the all-gathers of `[2, 2, 300, 24]` over a
-    // batch axis with the model axis inside it).
-    let permuted = match (!only_unit_dims_move(&xs, &order))
-        .then(|| dense_permute::<B, K>(&x, &order))
-        .flatten()
+    K::reshape(permute_for_merge::<B, K>(x, &order), Shape::from(target))
+}
+
+/// [`permute`] for a caller that merges dims of the result next, a reshape that copies a real
+/// permute on every backend: the copy made once by contiguous runs where `x` is a row-major
+/// host tensor ([`dense_permute`], which [`permute`] itself does on Flex only), not by the
+/// backend's reshape of the permuted view. NdArray's copies such a view element by element: 4.3%
+/// of rank 0's model-parallel IMDB step on 2 processes (the all-gathers of `[2, 2, 300, 24]`
+/// over a batch axis with the model axis inside it), 4% of the spatial step in one process (the
+/// weight gradient's contraction, `stack::contract`).
+pub(crate) fn permute_for_merge<B: Backend, K: Kind<B>>(x: K::P, order: &[usize]) -> K::P {
+    if !crate::inner::prefer_dense::<B>()
+        && !only_unit_dims_move(&x.shape(), order)
+        && let Some(p) = dense_permute::<B, K>(&x, order)
     {
-        Some(dense) => dense,
-        None => permute::<B, K>(x, &order),
-    };
-    K::reshape(permuted, Shape::from(target))
+        return p;
+    }
+    permute::<B, K>(x, order)
 }
 
 /// `permute(order)`, as a reshape when it only moves size-1 dims (the non-1 dims keep their
@@ -343,10 +348,11 @@ pub(crate) fn permute<B: Backend, K: Kind<B>>(x: K::P, order: &[usize]) -> K::P 
 }
 
 /// `permute(order)` materialised row-major, by one copy per contiguous run of the host bytes
-/// ([`crate::host::for_each_permuted_run`]), for a backend that [`prefer_dense`](crate::inner::prefer_dense)
-/// (Flex): a permuted view there is copied through its scalar strided iterator by whichever op
-/// reads it next (a model- or spatial-parallel step's BatchNorm sums and gradient chunks: 7% of
-/// the spatial step). `None` when `x` is not a row-major host tensor of a numeric dtype, or the
+/// ([`crate::host::for_each_permuted_run`]): always for a backend that
+/// [`prefer_dense`](crate::inner::prefer_dense) (Flex), where a permuted view is copied through
+/// its scalar strided iterator by whichever op reads it next (a model- or spatial-parallel
+/// step's BatchNorm sums and gradient chunks: 7% of the spatial step), and on any backend
+/// before a merge that would copy anyway ([`permute_for_merge`]). `None` when `x` is not a row-major host tensor of a numeric dtype, or the
 /// runs are too short for the copies to beat the iterator.
 pub(crate) fn dense_permute<B: Backend, K: Kind<B>>(x: &K::P, order: &[usize]) -> Option<K::P> {
     /// Elements per run below which the per-run bookkeeping costs more than it saves.
