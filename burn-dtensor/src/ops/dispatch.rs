@@ -402,7 +402,7 @@ pub fn create<B: Backend, K: Kind<B>>(
     {
         return DTensor::from_parts(shape.clone(), layout, vec![f(device, shape)]);
     }
-    if !layout.is_replicated() && holds_stacked::<B>(&layout, &shape) {
+    if holds_stacked::<B>(&layout, &shape) {
         let p = f(&mesh.devices()[0], stack::stack_shape(&layout, &shape));
         return stack::output(shape, layout, p);
     }
@@ -429,7 +429,7 @@ pub fn create_from_host<B: Backend, K: Kind<B>>(
 ) -> DTensor<K::P> {
     let layout = crate::creation::layout_for(mesh.topology(), &shape);
     let ranges = |j: usize| crate::layout::local_ranges(&layout, &shape, layout.mesh.global(j));
-    if !layout.is_replicated() && holds_stacked::<B>(&layout, &shape) {
+    if holds_stacked::<B>(&layout, &shape) {
         // The representative shards, row-major over the used axes, are the stacked buffer.
         let mut bytes = Vec::new();
         let mut dtype = None;

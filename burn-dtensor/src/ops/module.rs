@@ -296,7 +296,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
             let (d0, d1) = (g.shape[r - 2], g.shape[r - 1]);
             g = Self::float_reshape(g, [d0, d1].into());
         }
-        settle_now::<B>(g, weight.as_ref())
+        settle_now::<B>(g, weight.as_deref())
     }
     batch_op!(conv conv2d, ConvOptions<2>);
     batch_op!(conv conv3d, ConvOptions<3>);
