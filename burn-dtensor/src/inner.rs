@@ -77,6 +77,15 @@ pub fn rows_split_exactly<B>() -> bool {
     std::any::type_name::<B>().starts_with("burn_ndarray::")
 }
 
+/// Whether inner backend `B` holds a permuted tensor as a view of the same buffer, readable in
+/// place on the host: NdArray and Flex. Only there does [`crate::api::distribute`] lay out a
+/// stacked input in another memory order than the stack's (`stack::rows_inner_order`); a
+/// CubeCL backend would copy the permuted view at its first kernel.
+pub fn permute_is_view<B>() -> bool {
+    let name = std::any::type_name::<B>();
+    name.starts_with("burn_ndarray::") || name.starts_with("burn_flex::")
+}
+
 /// Whether inner backend `B` copies the data on every reshape: NdArray (its `reshape` returns an
 /// owned array even for a contiguous input; the decorator's own reshapes take a
 /// [`reshape_view`] first, which covers row-major arrays only). There merging dims for an

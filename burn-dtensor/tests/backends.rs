@@ -382,8 +382,10 @@ pub fn narrow_model_products<I: Backend>(device: I::Device) {
             exact && !per_device,
         );
         // A spatial weight gradient: the batch contracted over `a`, the input's features on
-        // `b`, so merging `a` into the contracting dim moves it inside `b` (a copy by runs,
-        // `stack::contract`); shard `cb` of the result is that feature block's product.
+        // `b`, so merging `a` into the contracting dim moves it inside `b` (`stack::contract`;
+        // on Flex and NdArray the distributed input already holds its row blocks in that order,
+        // `stack::rows_inner_order`, and the merge is a view); shard `cb` of the result is that
+        // feature block's product.
         let g = put(&dx, ["a", "b"])
             .transpose()
             .matmul(put(&dy, ["a", "unsharded"]));

@@ -944,11 +944,48 @@ pub fn distribute<B: Backend, K: Kind<B>>(
         // after the first (spatial mode's features), which backends then copy element by
         // element.
         let target = stack::stack_shape(&settled, &shape);
-        let boxes: Vec<_> = stack::local_representatives(&settled)
+        let mut boxes: Vec<_> = stack::local_representatives(&settled)
             .map(|(_, i)| local_ranges(&settled, &shape, i))
             .collect();
-        let data = host::stack(data, &boxes, target)?;
-        let t = stack::output(shape, settled, K::from_data(data, &mesh.devices()[0]));
+        // On a host backend the row blocks go one after the other in memory, the stack a
+        // permuted view of them (`stack::rows_inner_order`: a later contraction over the rows
+        // merges them without a copy).
+        let order = crate::inner::permute_is_view::<B>()
+            .then(|| stack::rows_inner_order(&settled, &target))
+            .flatten();
+        let p = match order {
+            None => K::from_data(host::stack(data, &boxes, target)?, &mesh.devices()[0]),
+            Some(order) => {
+                let k = settled.mesh.ndim();
+                let memory: Vec<usize> = order.iter().map(|&d| target[d]).collect();
+                // Box `j` (row-major over the stack's mesh dims) goes where its coordinates,
+                // read in memory order, put it.
+                let at = |mut j: usize| -> usize {
+                    let mut coord = vec![0; k];
+                    for a in (0..k).rev() {
+                        coord[a] = j % target[a];
+                        j /= target[a];
+                    }
+                    order[..k]
+                        .iter()
+                        .fold(0, |acc, &a| acc * target[a] + coord[a])
+                };
+                let mut placed: Vec<(usize, Vec<std::ops::Range<usize>>)> = boxes
+                    .drain(..)
+                    .enumerate()
+                    .map(|(j, b)| (at(j), b))
+                    .collect();
+                placed.sort_by_key(|(p, _)| *p);
+                let boxes: Vec<_> = placed.into_iter().map(|(_, b)| b).collect();
+                let buffer = K::from_data(host::stack(data, &boxes, memory)?, &mesh.devices()[0]);
+                let mut back = vec![0; order.len()];
+                for (m, &d) in order.iter().enumerate() {
+                    back[d] = m;
+                }
+                K::permute(buffer, &back)
+            }
+        };
+        let t = stack::output(shape, settled, p);
         return if layout.is_partial() {
             crate::redistribute::redistribute::<B, K>(t, layout)
         } else {
@@ -1033,4 +1070,53 @@ pub fn to_device<B: Backend, K: Kind<B>>(
         return t;
     }
     from_data::<B, K>(into_data::<B, K>(t), device)
+}
+
+#[cfg(test)]
+mod tests {
+    /// On the host backends a distributed input with its rows on `a` and its columns on `b` is
+    /// held as a permuted view of its row blocks (`rows_inner_order`), and every shard still
+    /// holds its own block of the global tensor.
+    #[cfg(any(feature = "flex", feature = "ndarray"))]
+    fn input_row_blocks_in_memory<B: burn::tensor::backend::Backend>() {
+        use burn::tensor::{TensorData, TensorMetadata};
+
+        use crate::tensor::{FloatKind, Kind, Shards};
+        use crate::{Layout, Mesh};
+        let devices = vec![B::Device::default(); 8];
+        let m = Mesh::new([("a", 2), ("b", 2), ("c", 2)], devices).unwrap();
+        let data = TensorData::new((0..48).map(|i| i as f32).collect::<Vec<_>>(), [8, 6]);
+        let l = Layout::new(&m, ["a", "b"]).unwrap();
+        let t = super::distribute::<B, FloatKind>(data.clone(), &m, &l).unwrap();
+        let Shards::Stacked(p) = &t.shards else {
+            panic!("a stacked mesh holds the input stacked")
+        };
+        assert_eq!(p.shape().to_vec(), vec![2, 2, 1, 4, 3]);
+        assert_eq!(crate::inner::row_major_order(p), Some(vec![1, 0, 2, 3, 4]));
+        let whole = data.to_vec::<f32>().unwrap();
+        let t = crate::stack::to_per_device::<B, FloatKind>(t);
+        for (i, shard) in t.per_device().iter().enumerate() {
+            let (ra, cb) = (i / 4, (i / 2) % 2);
+            let want: Vec<f32> = (0..4)
+                .flat_map(|r| (0..3).map(move |c| (ra * 4 + r) * 6 + cb * 3 + c))
+                .map(|k| whole[k])
+                .collect();
+            let got = <FloatKind as Kind<B>>::into_data(shard.clone())
+                .to_vec::<f32>()
+                .unwrap();
+            assert_eq!(got, want, "device {i}");
+        }
+    }
+
+    #[cfg(feature = "flex")]
+    #[test]
+    fn flex_input_row_blocks_in_memory() {
+        input_row_blocks_in_memory::<burn_flex::Flex>();
+    }
+
+    #[cfg(feature = "ndarray")]
+    #[test]
+    fn ndarray_input_row_blocks_in_memory() {
+        input_row_blocks_in_memory::<burn_ndarray::NdArray>();
+    }
 }
