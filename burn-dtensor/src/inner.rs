@@ -77,13 +77,16 @@ pub fn rows_split_exactly<B>() -> bool {
     std::any::type_name::<B>().starts_with("burn_ndarray::")
 }
 
-/// Whether inner backend `B` holds a permuted tensor as a view of the same buffer, readable in
-/// place on the host: NdArray and Flex. Only there does [`crate::api::distribute`] lay out a
-/// stacked input in another memory order than the stack's (`stack::rows_inner_order`); a
-/// CubeCL backend would copy the permuted view at its first kernel.
-pub fn permute_is_view<B>() -> bool {
-    let name = std::any::type_name::<B>();
-    name.starts_with("burn_ndarray::") || name.starts_with("burn_flex::")
+/// Whether [`crate::api::distribute`] lays out a stacked input of inner backend `B` with its row
+/// blocks in order (`stack::rows_inner_order`), the stack a permuted view of that buffer: Flex
+/// only, whose ops take a permuted view as it lies (its unary ops map the storage in memory
+/// order and keep the strides). Not NdArray: its SIMD unary ops (`abs`, ...) on a permuted
+/// array that is not uniquely owned write the memory-order results into a row-major array, so
+/// they return the values in the wrong places (`burn-ndarray` 0.21, `unary_scalar_simd_owned`;
+/// Burn's conformance test `clone_invariance::float::Abs` caught it, NOTES.md). Not a CubeCL
+/// backend, which would copy the permuted view at its first kernel.
+pub fn row_blocks_in_memory<B>() -> bool {
+    std::any::type_name::<B>().starts_with("burn_flex::")
 }
 
 /// Whether inner backend `B` copies the data on every reshape: NdArray (its `reshape` returns an

@@ -116,8 +116,8 @@ fn stack_dims<'a>(layout: &'a Layout, shape: &'a [usize]) -> impl Iterator<Item 
         )
 }
 
-/// The memory order in which [`crate::api::distribute`] lays out a stacked input on a host
-/// backend, where it differs from the stacked primitive's own: the mesh dims of `stack` (the
+/// The memory order in which [`crate::api::distribute`] lays out a stacked input on Flex
+/// ([`crate::inner::row_blocks_in_memory`]), where it differs from the stacked primitive's own: the mesh dims of `stack` (the
 /// [`stack_shape`] of a tensor under `layout`) that hold more than one shard, reordered so that
 /// the axis splitting tensor dim 0 (the rows: the batch) comes after the others; dims of size 1
 /// and the per-shard dims keep their place. `Some(order)` lists the stacked dims in memory
@@ -128,7 +128,7 @@ fn stack_dims<'a>(layout: &'a Layout, shape: &'a [usize]) -> impl Iterator<Item 
 /// row axis ([`contract`], a weight gradient `x^T @ dy` over a sharded batch) merges them
 /// without a copy. The spatial IMDB input `[64, 1200]` on `[batch, feature]` is stacked
 /// `[2, 2, 1, 32, 600]` and laid out as `[2 (feature), 2 (batch), 1, 32, 600]`: its merge was
-/// a 307 KB copy every step (2% of the Flex step, NOTES.md).
+/// a 307 KB copy every step (1.5-1.9% of the Flex step, NOTES.md).
 pub fn rows_inner_order(layout: &Layout, stack: &[usize]) -> Option<Vec<usize>> {
     let rows = layout.dims.first().copied().flatten()?;
     let k = layout.mesh.ndim();
