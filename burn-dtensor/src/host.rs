@@ -517,6 +517,15 @@ pub fn for_each_permuted_run(shape: &[usize], order: &[usize], f: &mut dyn FnMut
     }
 }
 
+/// The permutation that undoes `order` (`permute(permute(t, order), inverse)` is `t`).
+pub fn inverse_permutation(order: &[usize]) -> Vec<usize> {
+    let mut back = vec![0; order.len()];
+    for (i, &d) in order.iter().enumerate() {
+        back[d] = i;
+    }
+    back
+}
+
 /// Elements per contiguous run of [`for_each_permuted_run`] for `shape` and `order`.
 pub fn permute_run(shape: &[usize], order: &[usize]) -> usize {
     shape[moved_dims(order)..].iter().product()

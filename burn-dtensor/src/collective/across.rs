@@ -179,11 +179,7 @@ pub(crate) fn reduce_scatter<B: Backend, K: Kind<B>>(
     let out = if dim == 0 {
         out
     } else {
-        let mut back = vec![0; rank];
-        for (i, &d) in perm.iter().enumerate() {
-            back[d] = i;
-        }
-        K::permute(out, &back)
+        K::permute(out, &crate::host::inverse_permutation(&perm))
     };
     (out, ((p - 1) * counts[me]) as u64)
 }

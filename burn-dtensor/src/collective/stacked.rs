@@ -374,17 +374,22 @@ pub(crate) fn dense_permute<B: Backend, K: Kind<B>>(x: &K::P, order: &[usize]) -
 
 /// Whether `order` only moves dims of size 1 (the others keep their relative order).
 pub(crate) fn only_unit_dims_move(shape: &[usize], order: &[usize]) -> bool {
-    let identity: Vec<usize> = (0..shape.len()).collect();
-    same_order_of_big_dims(shape, &identity, order)
+    (0..shape.len())
+        .filter(|&i| shape[i] != 1)
+        .eq(big_dims(shape, order))
 }
 
 /// Whether permutations `p` and `q` of the dims of `shape` list its dims of more than one
 /// element in the same order (they differ only in where the dims of size 1 go, which moves no
 /// element).
 pub(crate) fn same_order_of_big_dims(shape: &[usize], p: &[usize], q: &[usize]) -> bool {
-    let big =
-        |o: &[usize]| -> Vec<usize> { o.iter().copied().filter(|&i| shape[i] != 1).collect() };
-    big(p) == big(q)
+    big_dims(shape, p).eq(big_dims(shape, q))
+}
+
+/// The dims of more than one element of `shape`, in the order `order` lists them (no
+/// allocation: [`permute`] asks on every stacked permute).
+fn big_dims<'a>(shape: &'a [usize], order: &'a [usize]) -> impl Iterator<Item = usize> + 'a {
+    order.iter().copied().filter(move |&i| shape[i] != 1)
 }
 
 /// No communication: each index of `axis` keeps its chunk of tensor dim `dim` (whose size the

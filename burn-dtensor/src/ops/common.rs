@@ -944,7 +944,7 @@ pub fn distribute<B: Backend, K: Kind<B>>(
         // after the first (spatial mode's features), which backends then copy element by
         // element.
         let target = stack::stack_shape(&settled, &shape);
-        let mut boxes: Vec<_> = stack::local_representatives(&settled)
+        let boxes: Vec<_> = stack::local_representatives(&settled)
             .map(|(_, i)| local_ranges(&settled, &shape, i))
             .collect();
         // On Flex the row blocks go one after the other in memory, the stack a permuted view of
@@ -956,33 +956,17 @@ pub fn distribute<B: Backend, K: Kind<B>>(
         let p = match order {
             None => K::from_data(host::stack(data, &boxes, target)?, &mesh.devices()[0]),
             Some(order) => {
+                // The boxes (one per stack position, row-major over its mesh dims) in memory
+                // order: the stack's mesh dims permuted as `order` permutes them.
                 let k = settled.mesh.ndim();
+                let mut in_memory = Vec::with_capacity(boxes.len());
+                host::for_each_permuted_run(&target[..k], &order[..k], &mut |s, n| {
+                    in_memory.extend_from_slice(&boxes[s..s + n])
+                });
                 let memory: Vec<usize> = order.iter().map(|&d| target[d]).collect();
-                // Box `j` (row-major over the stack's mesh dims) goes where its coordinates,
-                // read in memory order, put it.
-                let at = |mut j: usize| -> usize {
-                    let mut coord = vec![0; k];
-                    for a in (0..k).rev() {
-                        coord[a] = j % target[a];
-                        j /= target[a];
-                    }
-                    order[..k]
-                        .iter()
-                        .fold(0, |acc, &a| acc * target[a] + coord[a])
-                };
-                let mut placed: Vec<(usize, Vec<std::ops::Range<usize>>)> = boxes
-                    .drain(..)
-                    .enumerate()
-                    .map(|(j, b)| (at(j), b))
-                    .collect();
-                placed.sort_by_key(|(p, _)| *p);
-                let boxes: Vec<_> = placed.into_iter().map(|(_, b)| b).collect();
-                let buffer = K::from_data(host::stack(data, &boxes, memory)?, &mesh.devices()[0]);
-                let mut back = vec![0; order.len()];
-                for (m, &d) in order.iter().enumerate() {
-                    back[d] = m;
-                }
-                K::permute(buffer, &back)
+                let buffer =
+                    K::from_data(host::stack(data, &in_memory, memory)?, &mesh.devices()[0]);
+                K::permute(buffer, &host::inverse_permutation(&order))
             }
         };
         let t = stack::output(shape, settled, p);
