@@ -8,7 +8,7 @@ fn main() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../shared/vendor/burn-backend-tests-0.21.0/tests");
     println!("cargo::rerun-if-changed={}", dir.display());
-    let wanted = std::env::var_os("CARGO_FEATURE_CONFORMANCE").is_some();
+    let wanted = std::env::var_os("CARGO_FEATURE_SUITE").is_some();
     if dir.join("tensor.rs").exists() {
         println!("cargo::rustc-cfg=conformance_suite");
     } else if wanted {

@@ -1,6 +1,7 @@
 //! Support for running Burn 0.21's backend conformance suite (`burn-backend-tests`, vendored at
 //! `../shared/vendor/burn-backend-tests-0.21.0/` beside the checkout) on
-//! `DistributedBackend<NdArray>` and `Autodiff<DistributedBackend<NdArray>>`.
+//! `DistributedBackend<Inner>` and `Autodiff<DistributedBackend<Inner>>`, the [`Inner`] backend
+//! being NdArray (feature `conformance`) or Flex (feature `conformance-flex`).
 //!
 //! The suite's test files are included unchanged by the test targets `tests/tensor.rs` and
 //! `tests/autodiff.rs`; this library picks the *layout setting* at run time
@@ -9,21 +10,33 @@
 //! mesh, with the creation-layout policy ([`Mesh::with_creation_sharding`]) sharding every
 //! tensor the tests create. `BURN_DTENSOR_STACKED=0` switches stacked execution off.
 //!
-//! Run all settings with `./conformance/run` (counts per setting, honest `should_panic`).
-#![cfg(feature = "conformance")]
+//! Run all settings with `./conformance/run` (counts per setting, honest `should_panic`);
+//! `INNER=flex ./conformance/run` on Flex.
+#![cfg(feature = "suite")]
+
+#[cfg(all(feature = "ndarray", feature = "flex"))]
+compile_error!(
+    "features `conformance` (NdArray) and `conformance-flex` (Flex) each pick the inner backend the \
+     suite runs on: enable one of them"
+);
 
 use std::io::Write;
 
-use burn::backend::NdArray;
-use burn::backend::ndarray::NdArrayDevice;
+use burn::tensor::backend::BackendTypes;
 use burn_dtensor::{DistributedBackend, DistributedDevice, Mesh};
 
-/// The inner backend.
-pub type Inner = NdArray<f32>;
+/// The inner backend: NdArray (feature `conformance`).
+#[cfg(not(feature = "flex"))]
+pub type Inner = burn::backend::NdArray<f32>;
+/// The inner backend: Flex (feature `conformance-flex`).
+#[cfg(feature = "flex")]
+pub type Inner = burn::backend::Flex;
+/// The device of [`Inner`].
+pub type InnerDevice = <Inner as BackendTypes>::Device;
 /// The backend under test.
 pub type Dist = DistributedBackend<Inner>;
 /// The device of [`Dist`].
-pub type DistDevice = DistributedDevice<NdArrayDevice>;
+pub type DistDevice = DistributedDevice<InnerDevice>;
 
 /// A layout setting of the conformance run (`BURN_DTENSOR_CONFORMANCE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,8 +84,8 @@ impl Setting {
     }
 
     /// The mesh of this setting (stacked execution per `BURN_DTENSOR_STACKED`).
-    pub fn mesh(self) -> Mesh<NdArrayDevice> {
-        let dev = NdArrayDevice::default();
+    pub fn mesh(self) -> Mesh<InnerDevice> {
+        let dev = InnerDevice::default();
         let square = || Mesh::virtual_devices([("a", 2), ("b", 2)], dev).expect("2x2 mesh");
         match self {
             Setting::One => Mesh::single(dev),
@@ -90,21 +103,21 @@ impl Setting {
 
 /// Sets the process up for the suite (called once, before any test, by the test targets'
 /// constructor): the setting's mesh becomes the default device, the default dtypes are the
-/// suite's (`f32`, `i32`) on it and on the inner device (as on plain NdArray), and panics are
+/// suite's (`f32`, `i32`) on it and on the inner device (as on the bare inner backend), and panics are
 /// logged for the runner's `should_panic` check.
 pub fn configure(float: burn::tensor::DType, int: burn::tensor::DType) {
     let mesh = Setting::from_env().mesh();
     DistributedDevice::set_default(mesh);
     let device = DistDevice::default();
     burn::tensor::set_default_dtypes::<Dist>(&device, float, int).unwrap();
-    burn::tensor::set_default_dtypes::<Inner>(&NdArrayDevice::default(), float, int).unwrap();
+    burn::tensor::set_default_dtypes::<Inner>(&InnerDevice::default(), float, int).unwrap();
     install_panic_log();
 }
 
 /// With `BURN_DTENSOR_PANIC_LOG=FILE`, every panic appends `test<TAB>file:line<TAB>message` to
 /// FILE (libtest names each test's thread after the test). The runner uses it to fail
 /// `should_panic` tests that passed on a panic raised inside the decorator, or with another
-/// message than on plain NdArray.
+/// message than on the mesh of one.
 fn install_panic_log() {
     let Some(path) = std::env::var_os("BURN_DTENSOR_PANIC_LOG") else {
         return;
