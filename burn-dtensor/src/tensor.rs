@@ -305,10 +305,11 @@ impl<P> DTensor<P> {
     /// [`Deferred`]).
     pub(crate) fn deferred(
         shape: Vec<usize>,
-        layout: Layout,
+        layout: impl Into<Arc<Layout>>,
         reduced: P,
         compute: impl Fn() -> P + Send + Sync + 'static,
     ) -> Self {
+        let layout = layout.into();
         debug_assert!(
             layout.is_partial() && layout.mesh.stacked,
             "deferred shards are for stacked partial tensors"
@@ -318,7 +319,7 @@ impl<P> DTensor<P> {
             stack: OnceLock::new(),
             compute: Box::new(compute),
         });
-        Self::with_state(shape, Arc::new(layout), Shards::Deferred(d))
+        Self::with_state(shape, layout, Shards::Deferred(d))
     }
     /// The memo of a pending sum that linear ops may derive tensors from (see [`Memo`]): not
     /// settled yet, and with no settle layout (those are settled before any op reads them).

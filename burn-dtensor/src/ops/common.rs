@@ -302,8 +302,8 @@ pub fn binary_along<B: Backend, K: Kind<B>>(
     );
     s.inputs
         .iter_mut()
-        .chain(std::iter::once(&mut s.output))
         .for_each(|l| *l = rules::unsharded_on(l, dims));
+    s.output = rules::unsharded_on(&s.output, dims).into();
     run2::<B, K, K, K>(a, b, &s, out, false, |_, x, y| f(x, y))
 }
 
@@ -368,7 +368,7 @@ pub fn along<B: Backend, KI: Kind<B>, KO: Kind<B>>(
 /// reduces the inner primitive over its dim `d`.
 pub fn reduce_dim<B: Backend, K: Kind<B>>(
     t: DTensor<K::P>,
-    s: Strategy,
+    s: &Strategy,
     dim: usize,
     f: impl Fn(K::P, usize) -> K::P + Sync,
 ) -> DTensor<K::P> {
@@ -377,7 +377,7 @@ pub fn reduce_dim<B: Backend, K: Kind<B>>(
     }
     let mut shape = t.shape.clone();
     shape[dim] = 1;
-    run1::<B, K, K>(t, &s, shape, true, |at, x| match at {
+    run1::<B, K, K>(t, s, shape, true, |at, x| match at {
         At::Device(_) => f(x, dim),
         // A stacked view (BatchNorm's `swap_dims(0, 1)` before its mean) made dense first where
         // the backend would copy it element by element (`Kind::dense`), then reduced with its
@@ -483,7 +483,12 @@ where
         return solo_map(lhs, |x| f(x, only(rhs)));
     }
     let (lhs, rhs) = (settle_hinted::<B, K>(lhs), settle_hinted::<B, K>(rhs));
-    let s = rules::matmul::matmul(&lhs.layout, &lhs.shape, &rhs.layout, &rhs.shape, keep);
+    let s = rules::memoised(
+        rules::Rule::Matmul,
+        &[(&lhs.layout, &lhs.shape), (&rhs.layout, &rhs.shape)],
+        &[keep as usize],
+        || rules::matmul::matmul(&lhs.layout, &lhs.shape, &rhs.layout, &rhs.shape, keep),
+    );
     let r = lhs.shape.len();
     let bcast = |a: usize, b: usize| if a == 1 { b } else { a };
     let mut shape: Vec<usize> = (0..r - 2)
@@ -564,7 +569,7 @@ where
         let k = s.output.mesh.ndim();
         let axes: Vec<usize> = (0..k).filter(|&a| s.output.partial[a].is_some()).collect();
         let reduced = stack::contract::<B, K>(x.clone(), y.clone(), k, &axes, f);
-        return DTensor::deferred(shape, s.output, reduced, move || {
+        return DTensor::deferred(shape, s.output.clone(), reduced, move || {
             stack::matmul::<B, K>(x.clone(), y.clone(), k, f)
         });
     }
@@ -590,7 +595,9 @@ pub fn permute<B: Backend, K: Kind<B>>(t: DTensor<K::P>, axes: &[usize]) -> DTen
         return solo_map(t, |x| K::permute(x, axes));
     }
     let t = settled::<B, K>(t);
-    let s = view::permute(&t.layout, axes);
+    let s = rules::memoised(rules::Rule::Permute, &[(&t.layout, &t.shape)], axes, || {
+        view::permute(&t.layout, axes)
+    });
     let shape = axes.iter().map(|&a| t.shape[a]).collect();
     run1::<B, K, K>(t, &s, shape, true, |at, x| K::permute(x, &at.axes(axes)))
 }
@@ -611,7 +618,9 @@ pub fn reshape<B: Backend, K: Kind<B>>(t: DTensor<K::P>, new: Vec<usize>) -> DTe
     if t.shape == new {
         return t;
     }
-    let s = view::reshape(&t.layout, &t.shape, &new);
+    let s = rules::memoised(rules::Rule::Reshape, &[(&t.layout, &t.shape)], &new, || {
+        view::reshape(&t.layout, &t.shape, &new)
+    });
     let out = s.output.clone();
     run1::<B, K, K>(t, &s, new.clone(), true, |at, x| {
         K::reshape(x, at.shape(&out, &new).into())
@@ -659,7 +668,7 @@ pub fn unfold<B: Backend, K: Kind<B>>(
     f: impl Fn(K::P) -> K::P + Sync,
 ) -> DTensor<K::P> {
     let mut s = rules::along_dims(&t.layout, &[dim]);
-    s.output.dims.push(None);
+    std::sync::Arc::make_mut(&mut s.output).dims.push(None);
     let mut shape = t.shape.clone();
     shape[dim] = (shape[dim].saturating_sub(size)) / step + 1;
     shape.push(size);

@@ -224,8 +224,8 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
     fn float_sum_dim(t: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
         c::linear_in(t, move |t| {
             let t = c::settle_hinted::<B, F>(t);
-            let s = reduce::sum_dim(&t.layout, dim);
-            c::reduce_dim::<B, F>(t, s, dim, sum_dim::<B>)
+            let s = reduce::sum_dim_memo(&t.layout, dim);
+            c::reduce_dim::<B, F>(t, &s, dim, sum_dim::<B>)
         })
     }
     /// Exact on uneven shards: over a sharded dim, each shard sums locally and divides by the
@@ -233,14 +233,14 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
     fn float_mean_dim(t: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
         c::linear_in(t, move |t| {
             let t = c::settle_hinted::<B, F>(t);
-            let s = reduce::sum_dim(&t.layout, dim);
+            let s = reduce::sum_dim_memo(&t.layout, dim);
             let n = t.shape[dim] as f64;
             if s.inputs[0].dims[dim].is_some() {
-                c::reduce_dim::<B, F>(t, s, dim, |x, d| {
+                c::reduce_dim::<B, F>(t, &s, dim, |x, d| {
                     B::float_div_scalar(sum_dim::<B>(x, d), n.into())
                 })
             } else {
-                c::reduce_dim::<B, F>(t, s, dim, |x, d| {
+                c::reduce_dim::<B, F>(t, &s, dim, |x, d| {
                     crate::inner::sum_dim_fixed_rank(&x, d, true)
                         .unwrap_or_else(|| B::float_mean_dim(x, d))
                 })
@@ -249,11 +249,11 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
     }
     fn float_max_dim(t: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
         let s = reduce::extremum_dim(&t.layout, &t.shape, dim, ReduceOp::Max);
-        c::reduce_dim::<B, F>(t, s, dim, B::float_max_dim)
+        c::reduce_dim::<B, F>(t, &s, dim, B::float_max_dim)
     }
     fn float_min_dim(t: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
         let s = reduce::extremum_dim(&t.layout, &t.shape, dim, ReduceOp::Min);
-        c::reduce_dim::<B, F>(t, s, dim, B::float_min_dim)
+        c::reduce_dim::<B, F>(t, &s, dim, B::float_min_dim)
     }
     fn float_argtopk(t: FloatTensor<Self>, dim: usize, k: usize, o: IntDType) -> IntTensor<Self> {
         let mut shape = t.shape.clone();

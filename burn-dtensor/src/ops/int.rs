@@ -167,8 +167,8 @@ impl<B: Backend> IntTensorOps<Self> for DistributedBackend<B> {
         c::reduce_all::<B, I>(t, ReduceOp::Min, B::int_min)
     }
     fn int_sum_dim(t: IntTensor<Self>, dim: usize) -> IntTensor<Self> {
-        let s = reduce::sum_dim(&t.layout, dim);
-        c::reduce_dim::<B, I>(t, s, dim, B::int_sum_dim)
+        let s = reduce::sum_dim_memo(&t.layout, dim);
+        c::reduce_dim::<B, I>(t, &s, dim, B::int_sum_dim)
     }
     /// Integer mean rounds per element, so a sharded dim is gathered first (a per-shard
     /// partial mean would round differently).
@@ -179,11 +179,11 @@ impl<B: Backend> IntTensorOps<Self> for DistributedBackend<B> {
     }
     fn int_max_dim(t: IntTensor<Self>, dim: usize) -> IntTensor<Self> {
         let s = reduce::extremum_dim(&t.layout, &t.shape, dim, ReduceOp::Max);
-        c::reduce_dim::<B, I>(t, s, dim, B::int_max_dim)
+        c::reduce_dim::<B, I>(t, &s, dim, B::int_max_dim)
     }
     fn int_min_dim(t: IntTensor<Self>, dim: usize) -> IntTensor<Self> {
         let s = reduce::extremum_dim(&t.layout, &t.shape, dim, ReduceOp::Min);
-        c::reduce_dim::<B, I>(t, s, dim, B::int_min_dim)
+        c::reduce_dim::<B, I>(t, &s, dim, B::int_min_dim)
     }
     fn int_argtopk(t: IntTensor<Self>, dim: usize, k: usize) -> IntTensor<Self> {
         let mut shape = t.shape.clone();

@@ -13,6 +13,6 @@ pub fn replicate(inputs: &[&Layout], out_rank: usize) -> Strategy {
             .iter()
             .map(|l| Layout::replicated_on(&mesh, l.rank()))
             .collect(),
-        output: Layout::replicated_on(&mesh, out_rank),
+        output: Layout::replicated_on(&mesh, out_rank).into(),
     }
 }

@@ -22,7 +22,7 @@ pub fn slice(l: &Layout, shape: &[usize], slices: &[Slice]) -> Strategy {
     }
     Strategy {
         inputs: vec![input.clone()],
-        output: input,
+        output: input.into(),
     }
 }
 
@@ -34,7 +34,7 @@ pub fn slice_assign(l: &Layout, shape: &[usize], slices: &[Slice]) -> Strategy {
     let t = unsharded_on(l, &sliced);
     Strategy {
         inputs: vec![t.clone(), t.clone()],
-        output: t,
+        output: t.into(),
     }
 }
 
@@ -58,7 +58,7 @@ pub fn select(t: &Layout, indices: &Layout, dim: usize) -> Strategy {
     let out = tl.clone().with_dim(dim, il.dims[0]);
     Strategy {
         inputs: vec![tl, il],
-        output: out,
+        output: out.into(),
     }
 }
 
@@ -87,12 +87,12 @@ pub fn select_add(t: &Layout, indices: &Layout, dim: usize, sum: bool) -> Strate
             let out = tl.with_partial(a, crate::layout::ReduceOp::Sum);
             Strategy {
                 inputs: vec![out.clone(), il, values],
-                output: out,
+                output: out.into(),
             }
         }
         _ => Strategy {
             inputs: vec![tl.clone(), Layout::replicated_on(&tl.mesh, 1), tl.clone()],
-            output: tl,
+            output: tl.into(),
         },
     }
 }
@@ -118,7 +118,7 @@ pub fn along_dim_aligned(ls: &[&Layout], dim: usize) -> Strategy {
     }
     Strategy {
         inputs: vec![t.clone(); ls.len()],
-        output: t,
+        output: t.into(),
     }
 }
 
@@ -148,7 +148,7 @@ pub fn gather_nd(data: &Layout, indices: &Layout, k: usize) -> Strategy {
     out.dims[m - 1..].copy_from_slice(&d.dims[k..]);
     Strategy {
         inputs: vec![d, i],
-        output: out,
+        output: out.into(),
     }
 }
 
@@ -165,6 +165,6 @@ pub fn scatter_nd(data: &Layout, indices: &Layout, k: usize) -> Strategy {
     v.dims[m - 1..].copy_from_slice(&d.dims[k..]);
     Strategy {
         inputs: vec![d.clone(), Layout::replicated_on(&data.mesh, m), v],
-        output: d,
+        output: d.into(),
     }
 }

@@ -97,7 +97,7 @@ pub fn matmul(lhs: &Layout, ls: &[usize], rhs: &Layout, rs: &[usize], keep: Keep
     }
     Strategy {
         inputs: vec![lin, rin],
-        output: out,
+        output: out.into(),
     }
 }
 
@@ -135,7 +135,7 @@ pub fn row_split_contraction(s: &Strategy, ls: &[usize]) -> Option<Strategy> {
     output.dims[r - 2] = Some(a);
     Some(Strategy {
         inputs: vec![lhs, rhs],
-        output,
+        output: output.into(),
     })
 }
 
@@ -151,6 +151,6 @@ pub fn gathered_contraction(s: &Strategy) -> Strategy {
     rhs.dims[r - 2] = None;
     Strategy {
         inputs: vec![lhs, rhs],
-        output: s.output.without_partial(),
+        output: s.output.without_partial().into(),
     }
 }

@@ -26,15 +26,56 @@ pub mod pointwise;
 pub mod reduce;
 pub mod view;
 
+use std::rc::Rc;
+
 use crate::layout::Layout;
+use crate::memo;
 
 /// What a rule decides: the layout each input is redistributed to, and the output layout.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Strategy {
     /// Required input layouts, in argument order.
     pub inputs: Vec<Layout>,
-    /// Output layout.
-    pub output: Layout,
+    /// Output layout, shared: every run of a memoised strategy hands it to its result by a
+    /// reference count, not a copy (`ops::dispatch`).
+    pub output: std::sync::Arc<Layout>,
+}
+
+/// The rules [`memoised`] keeps strategies of, one memo key space each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Rule {
+    /// [`pointwise::nary`] (params: the linearity, then the output shape).
+    Nary,
+    /// [`matmul::matmul`] (params: the [`matmul::Keep`]).
+    Matmul,
+    /// [`view::reshape`] (params: the new shape).
+    Reshape,
+    /// [`view::permute`] (params: the axes).
+    Permute,
+    /// [`reduce::sum_dim`] (params: the dim).
+    SumDim,
+}
+
+/// `rule()`, the strategy of rule `which` for `operands` (each a layout and its global shape)
+/// and `params`, memoised per thread on exactly those arguments ([`crate::memo`]): a training
+/// step calls the same op on the same layouts and shapes every step, so each op's rule runs in
+/// the first step only, and later steps share its strategy by reference count (PyTorch
+/// DTensor's sharding propagation cache, per op schema). `rule` must depend on nothing else.
+pub(crate) fn memoised(
+    which: Rule,
+    operands: &[(&Layout, &[usize])],
+    params: &[usize],
+    rule: impl FnOnce() -> Strategy,
+) -> Rc<Strategy> {
+    thread_local!(static MEMO: memo::Memo<Strategy> = Default::default());
+    let mut key = memo::Key::new();
+    key.push(which as usize);
+    memo::push_list(&mut key, params);
+    for (l, s) in operands {
+        l.push_key(&mut key);
+        memo::push_list(&mut key, s);
+    }
+    memo::get_or(&MEMO, key, rule)
 }
 
 /// Layout `l` with `dims` unsharded and no pending reduction: the requirement of every op
@@ -52,6 +93,6 @@ pub fn along_dims(l: &Layout, dims: &[usize]) -> Strategy {
     let r = unsharded_on(l, dims);
     Strategy {
         inputs: vec![r.clone()],
-        output: r,
+        output: r.into(),
     }
 }

@@ -24,7 +24,7 @@ pub fn batch_parallel(x: &Layout, batched: &[bool], ranks: &[usize], out_rank: u
             .zip(ranks)
             .map(|(&b, &r)| lay(r, b))
             .collect(),
-        output: lay(out_rank, true),
+        output: lay(out_rank, true).into(),
     }
 }
 
@@ -91,7 +91,7 @@ pub fn embedding(weights: &Layout, table: &[usize], ids: &Layout, ids_shape: &[u
     }
     Strategy {
         inputs: vec![wl, il],
-        output: out,
+        output: out.into(),
     }
 }
 
@@ -132,6 +132,6 @@ pub fn embedding_backward(
     }
     Strategy {
         inputs: vec![g, fwd.inputs[1].clone()],
-        output: out,
+        output: out.into(),
     }
 }

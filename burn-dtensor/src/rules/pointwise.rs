@@ -67,7 +67,7 @@ pub fn unary(l: &Layout, lin: Linearity) -> Strategy {
     };
     Strategy {
         inputs: vec![r.clone()],
-        output: r,
+        output: r.into(),
     }
 }
 
@@ -78,15 +78,12 @@ pub fn nary_memo(
     out_shape: &[usize],
     lin: Linearity,
 ) -> Rc<Strategy> {
-    thread_local!(static MEMO: memo::Memo<Strategy> = Default::default());
-    let mut key = memo::Key::new();
-    key.push(lin as usize);
-    memo::push_list(&mut key, out_shape);
-    for (l, s) in inputs {
-        l.push_key(&mut key);
-        memo::push_list(&mut key, s);
-    }
-    memo::get_or(&MEMO, key, || nary(inputs, out_shape, lin))
+    let mut params = memo::Key::new();
+    params.push(lin as usize);
+    params.extend_from_slice(out_shape);
+    super::memoised(super::Rule::Nary, inputs, &params, || {
+        nary(inputs, out_shape, lin)
+    })
 }
 
 /// N-ary element-wise op over same-rank inputs broadcast to `out_shape`.
@@ -192,7 +189,7 @@ pub fn nary(inputs: &[(&Layout, &[usize])], out_shape: &[usize], lin: Linearity)
     }
     Strategy {
         inputs: ins,
-        output: out,
+        output: out.into(),
     }
 }
 

@@ -12,6 +12,11 @@ pub fn sum_dim(l: &Layout, dim: usize) -> Strategy {
     reduce_dim(l, dim, ReduceOp::Sum)
 }
 
+/// [`sum_dim`], memoised per thread ([`super::memoised`]).
+pub fn sum_dim_memo(l: &Layout, dim: usize) -> std::rc::Rc<Strategy> {
+    super::memoised(super::Rule::SumDim, &[(l, &[])], &[dim], || sum_dim(l, dim))
+}
+
 /// Max (`ReduceOp::Max`) or min over `dim`: partial max/min when the dim is sharded and no
 /// shard is empty, else the dim is gathered first.
 pub fn extremum_dim(l: &Layout, shape: &[usize], dim: usize, op: ReduceOp) -> Strategy {
@@ -36,7 +41,7 @@ fn reduce_dim(l: &Layout, dim: usize, op: ReduceOp) -> Strategy {
     }
     Strategy {
         inputs: vec![input],
-        output: out,
+        output: out.into(),
     }
 }
 
@@ -51,7 +56,7 @@ pub fn reduce_all(l: &Layout, shape: &[usize], op: ReduceOp) -> Strategy {
         out.dims = smallvec::smallvec![None];
         return Strategy {
             inputs: vec![all],
-            output: out,
+            output: out.into(),
         };
     }
     let mut s = (0..l.rank()).fold(reduce_dim(l, 0, op), |acc, d| {
@@ -61,6 +66,6 @@ pub fn reduce_all(l: &Layout, shape: &[usize], op: ReduceOp) -> Strategy {
             output: next.output,
         }
     });
-    s.output.dims = smallvec::smallvec![None];
+    std::sync::Arc::make_mut(&mut s.output).dims = smallvec::smallvec![None];
     s
 }

@@ -11,7 +11,7 @@ pub fn permute(l: &Layout, axes: &[usize]) -> Strategy {
     out.dims = axes.iter().map(|&a| l.dims[a]).collect();
     Strategy {
         inputs: vec![l.clone()],
-        output: out,
+        output: out.into(),
     }
 }
 
@@ -69,7 +69,7 @@ pub fn reshape(l: &Layout, old: &[usize], new: &[usize]) -> Strategy {
         input.dims.iter_mut().for_each(|d| *d = None);
         return Strategy {
             inputs: vec![input],
-            output: out,
+            output: out.into(),
         };
     };
     for (go, gn) in gs {
@@ -93,7 +93,7 @@ pub fn reshape(l: &Layout, old: &[usize], new: &[usize]) -> Strategy {
     }
     Strategy {
         inputs: vec![input],
-        output: out,
+        output: out.into(),
     }
 }
 
@@ -121,7 +121,7 @@ pub fn expand(l: &Layout, old: &[usize], new: &[usize]) -> Strategy {
     }
     Strategy {
         inputs: vec![input],
-        output: out,
+        output: out.into(),
     }
 }
 
