@@ -149,9 +149,19 @@ pub(crate) fn stacks<B>(
     out: (&Layout, &[usize]),
     inputs: &[(&Layout, &[usize])],
 ) -> bool {
-    stack
-        && holds_stacked::<B>(out.0, out.1)
-        && inputs.iter().all(|&(l, s)| holds_stacked::<B>(l, s))
+    if !stack || !out.0.mesh.stacked {
+        return false;
+    }
+    // The threading limit read once for every operand (a per-thread copy of the configuration).
+    let limit = if threads_for::<B>() {
+        par_min()
+    } else {
+        usize::MAX
+    };
+    let holds = |(l, s): (&Layout, &[usize])| {
+        l.mesh.stacked && stack::stackable_shape(l, s) && stack::shard_elements(l, s) < limit
+    };
+    holds(out) && inputs.iter().all(|&i| holds(i))
 }
 
 /// Whether a tensor of global `shape` under `layout` is held stacked on inner backend `B`:
