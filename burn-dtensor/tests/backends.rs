@@ -174,6 +174,13 @@ pub fn sliced_shards<I: Backend>(device: I::Device) {
     }
 }
 
+/// Whether `I` is one of the host backends (Flex, NdArray).
+fn host<I: Backend>() -> bool {
+    ["burn_flex::", "burn_ndarray::"]
+        .iter()
+        .any(|p| std::any::type_name::<I>().starts_with(p))
+}
+
 /// A tensor flipped along a dim split unevenly (an empty shard), then met by one sharded on that
 /// dim: the local chunks of the flipped tensor, the empty one included, give the inner
 /// backend's values (Flex's debug builds rejected the empty chunk's slice past the end of a
@@ -181,10 +188,7 @@ pub fn sliced_shards<I: Backend>(device: I::Device) {
 /// only: on Wgpu the empty shard's op panics inside `burn-cubecl` (`is_nonoverlapping`
 /// subtracts 1 from a dim of 0) and fused Wgpu gives other values; open, see NOTES.md.
 pub fn flipped_uneven_shards<I: Backend>(device: I::Device) {
-    if !["burn_flex::", "burn_ndarray::"]
-        .iter()
-        .any(|p| std::any::type_name::<I>().starts_with(p))
-    {
+    if !host::<I>() {
         return;
     }
     let m = Mesh::new([("x", 4)], vec![device.clone(); 4]).unwrap();
@@ -362,9 +366,7 @@ fn deferred_case<I: Backend, const D: usize>(
 /// product, or each shard's product; the per-device weight gradient sums two partial products,
 /// so it is compared to the tolerance), on the other backends the values to the tolerance.
 pub fn narrow_model_products<I: Backend>(device: I::Device) {
-    let exact = ["burn_flex::", "burn_ndarray::"]
-        .iter()
-        .any(|p| std::any::type_name::<I>().starts_with(p));
+    let exact = host::<I>();
     let rough = |shape: [usize; 2], seed: usize| {
         TensorData::new(
             (0..shape[0] * shape[1])

@@ -103,8 +103,8 @@ impl Setting {
 
 /// Sets the process up for the suite (called once, before any test, by the test targets'
 /// constructor): the setting's mesh becomes the default device, the default dtypes are the
-/// suite's (`f32`, `i32`) on it and on the inner device (as on the bare inner backend), and panics are
-/// logged for the runner's `should_panic` check.
+/// suite's (`f32`, `i32`) on it and on the inner device (as on the bare inner backend), and
+/// panics are logged for the runner's `should_panic` check.
 pub fn configure(float: burn::tensor::DType, int: burn::tensor::DType) {
     let mesh = Setting::from_env().mesh();
     DistributedDevice::set_default(mesh);

@@ -1,7 +1,8 @@
 //! Burn 0.21's autodiff conformance suite (`burn-backend-tests/tests/autodiff/`, its test files
-//! unchanged) on `Autodiff<DistributedBackend<Inner>>` (NdArray or Flex inside, see `burn_dtensor_conformance::Inner`), with and without Burn's balanced
-//! checkpointing (as upstream's `common/autodiff.rs`), in the layout setting that
-//! `BURN_DTENSOR_CONFORMANCE` selects (see `burn_dtensor_conformance::Setting`).
+//! unchanged) on `Autodiff<DistributedBackend<Inner>>` (NdArray or Flex inside, see
+//! `burn_dtensor_conformance::Inner`), with and without Burn's balanced checkpointing (as
+//! upstream's `common/autodiff.rs`), in the layout setting that `BURN_DTENSOR_CONFORMANCE`
+//! selects (see `burn_dtensor_conformance::Setting`).
 #![recursion_limit = "256"]
 #![allow(clippy::single_range_in_vec_init, clippy::duplicate_mod)]
 

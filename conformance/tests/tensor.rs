@@ -1,6 +1,7 @@
 //! Burn 0.21's tensor conformance suite (`burn-backend-tests/tests/common/tensor.rs`, its test
-//! files unchanged) on `DistributedBackend<Inner>` (NdArray or Flex inside, see `burn_dtensor_conformance::Inner`) in the layout setting that
-//! `BURN_DTENSOR_CONFORMANCE` selects (see `burn_dtensor_conformance::Setting`).
+//! files unchanged) on `DistributedBackend<Inner>` (NdArray or Flex inside, see
+//! `burn_dtensor_conformance::Inner`) in the layout setting that `BURN_DTENSOR_CONFORMANCE`
+//! selects (see `burn_dtensor_conformance::Setting`).
 #![recursion_limit = "256"]
 #![allow(clippy::single_range_in_vec_init)]
 

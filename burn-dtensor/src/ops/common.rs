@@ -483,12 +483,7 @@ where
         return solo_map(lhs, |x| f(x, only(rhs)));
     }
     let (lhs, rhs) = (settle_hinted::<B, K>(lhs), settle_hinted::<B, K>(rhs));
-    let s = rules::memoised(
-        rules::Rule::Matmul,
-        &[(&lhs.layout, &lhs.shape), (&rhs.layout, &rhs.shape)],
-        &[keep as usize],
-        || rules::matmul::matmul(&lhs.layout, &lhs.shape, &rhs.layout, &rhs.shape, keep),
-    );
+    let s = rules::matmul::matmul_memo(&lhs.layout, &lhs.shape, &rhs.layout, &rhs.shape, keep);
     let r = lhs.shape.len();
     let bcast = |a: usize, b: usize| if a == 1 { b } else { a };
     let mut shape: Vec<usize> = (0..r - 2)

@@ -149,19 +149,14 @@ pub(crate) fn stacks<B>(
     out: (&Layout, &[usize]),
     inputs: &[(&Layout, &[usize])],
 ) -> bool {
-    if !stack || !out.0.mesh.stacked {
+    if !stack {
         return false;
     }
     // The threading limit read once for every operand (a per-thread copy of the configuration).
-    let limit = if threads_for::<B>() {
-        par_min()
-    } else {
-        usize::MAX
-    };
-    let holds = |(l, s): (&Layout, &[usize])| {
-        l.mesh.stacked && stack::stackable_shape(l, s) && stack::shard_elements(l, s) < limit
-    };
-    holds(out) && inputs.iter().all(|&i| holds(i))
+    let limit = thread_limit::<B>();
+    std::iter::once(&out)
+        .chain(inputs)
+        .all(|&(l, s)| l.mesh.stacked && fits_stacked(l, s, limit))
 }
 
 /// Whether a tensor of global `shape` under `layout` is held stacked on inner backend `B`:
@@ -173,8 +168,22 @@ pub(crate) fn holds_stacked<B>(layout: &Layout, shape: &[usize]) -> bool {
 /// [`holds_stacked`] as if the mesh were one process's virtual devices (see
 /// [`stack::stackable_shape`]).
 pub(crate) fn would_hold_stacked<B>(layout: &Layout, shape: &[usize]) -> bool {
-    stack::stackable_shape(layout, shape)
-        && (!threads_for::<B>() || stack::shard_elements(layout, shape) < par_min())
+    fits_stacked(layout, shape, thread_limit::<B>())
+}
+
+/// The per-shard work (elements) from which the shards of inner backend `B` run per device on
+/// worker threads instead of stacked: [`par_min`] on CPU backends, none on the others.
+fn thread_limit<B>() -> usize {
+    if threads_for::<B>() {
+        par_min()
+    } else {
+        usize::MAX
+    }
+}
+
+/// [`stack::stackable_shape`], with shards below `limit` elements ([`thread_limit`]).
+fn fits_stacked(layout: &Layout, shape: &[usize], limit: usize) -> bool {
+    stack::stackable_shape(layout, shape) && stack::shard_elements(layout, shape) < limit
 }
 
 /// The body of [`run1`], [`run2_weighted`] and [`run3`]: the operands `$t` (of kinds `$K`, the

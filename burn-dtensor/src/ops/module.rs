@@ -276,22 +276,12 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         xt_shape.swap(r - 2, r - 1);
         let mut xt_layout = (*x.layout).clone();
         xt_layout.dims.swap(r - 2, r - 1);
-        let want = crate::rules::memoised(
-            crate::rules::Rule::Matmul,
-            &[
-                (&xt_layout, &xt_shape),
-                (&output_grad.layout, &output_grad.shape),
-            ],
-            &[Keep::Output as usize],
-            || {
-                crate::rules::matmul::matmul(
-                    &xt_layout,
-                    &xt_shape,
-                    &output_grad.layout,
-                    &output_grad.shape,
-                    Keep::Output,
-                )
-            },
+        let want = crate::rules::matmul::matmul_memo(
+            &xt_layout,
+            &xt_shape,
+            &output_grad.layout,
+            &output_grad.shape,
+            Keep::Output,
         );
         let mut lx = want.inputs[0].clone();
         lx.dims.swap(r - 2, r - 1);

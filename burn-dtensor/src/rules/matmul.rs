@@ -101,6 +101,22 @@ pub fn matmul(lhs: &Layout, ls: &[usize], rhs: &Layout, rs: &[usize], keep: Keep
     }
 }
 
+/// [`matmul`], memoised per thread ([`super::memoised`]).
+pub fn matmul_memo(
+    lhs: &Layout,
+    ls: &[usize],
+    rhs: &Layout,
+    rs: &[usize],
+    keep: Keep,
+) -> std::rc::Rc<Strategy> {
+    super::memoised(
+        super::Rule::Matmul,
+        &[(lhs, ls), (rhs, rs)],
+        &[keep as usize],
+        || matmul(lhs, ls, rhs, rs, keep),
+    )
+}
+
 /// The row-split form of [`gathered_contraction`]: where `s` contracts over exactly one mesh
 /// axis `a` (its output partial over `a` alone) and leaves the left operand's rows `m` free, the
 /// rows are sharded over `a` instead: the left operand `[..., m@a, k]` (an all-to-all from
