@@ -181,26 +181,49 @@ fn host<I: Backend>() -> bool {
         .any(|p| std::any::type_name::<I>().starts_with(p))
 }
 
-/// A tensor flipped along a dim split unevenly (an empty shard), then met by one sharded on that
-/// dim: the local chunks of the flipped tensor, the empty one included, give the inner
-/// backend's values (Flex's debug builds rejected the empty chunk's slice past the end of a
-/// flipped dim, found by Burn's conformance suite on `DistributedBackend<Flex>`). Host backends
-/// only: on Wgpu the empty shard's op panics inside `burn-cubecl` (`is_nonoverlapping`
-/// subtracts 1 from a dim of 0) and fused Wgpu gives other values; open, see NOTES.md.
-pub fn flipped_uneven_shards<I: Backend>(device: I::Device) {
-    if !host::<I>() {
-        return;
-    }
+/// Ops on a tensor whose dim 0 splits unevenly over its mesh axis (`[2, 3]` over 4 devices: two
+/// positions hold an empty shard), one per family that runs per shard: a flip along the split
+/// dim met by a tensor sharded on it (Flex's debug builds rejected the empty chunk's slice past
+/// the end of a flipped dim, found by Burn's conformance suite on `DistributedBackend<Flex>`),
+/// a unary op then a binary one on fresh shards (on Wgpu the binary op on an empty shard panicked
+/// inside `burn-cubecl`, which subtracts 1 from a dim of 0, and fused Wgpu returned wrong values
+/// on the other shards), a comparison (bool output), a cast (int output), a reduction along the
+/// unsplit dim and a matmul by a replicated weight: each equal to the inner backend's values on
+/// the whole tensors.
+pub fn empty_shards<I: Backend>(device: I::Device) {
     let m = Mesh::new([("x", 4)], vec![device.clone(); 4]).unwrap();
-    let (dx, dy) = (data([2, 3], 10), data([2, 3], 11));
-    let want = (oracle(&dx).flip([0, 1]) * oracle(&dy)).into_data();
+    let (dx, dy, dw) = (data([2, 3], 10), data([2, 3], 11), data([3, 2], 12));
     let rows = Layout::new(&m, ["x", "unsharded"]).unwrap();
+    let (ox, oy, ow) = (oracle(&dx), oracle(&dy), oracle(&dw));
     let x: Tensor<DistributedBackend<I>, 2> = distribute(dx, &rows).unwrap();
     let y: Tensor<DistributedBackend<I>, 2> = distribute(dy, &rows).unwrap();
-    (x.flip([0, 1]) * y)
-        .into_data()
-        .convert::<f32>()
-        .assert_approx_eq::<f32>(&want, tol());
+    let w: Tensor<DistributedBackend<I>, 2> = distribute(dw, &Layout::replicated(&m, 2)).unwrap();
+    assert!(x.clone().to_local_shards().iter().any(|s| s.dims()[0] == 0));
+    let close = |got: TensorData, want: TensorData| {
+        got.convert::<f32>()
+            .assert_approx_eq::<f32>(&want.convert::<f32>(), tol())
+    };
+    close(
+        (x.clone().flip([0, 1]) * y.clone()).into_data(),
+        (ox.clone().flip([0, 1]) * oy.clone()).into_data(),
+    );
+    close(
+        ((x.clone() * 0.5).exp() + y.clone()).into_data(),
+        ((ox.clone() * 0.5).exp() + oy.clone()).into_data(),
+    );
+    close(
+        x.clone().greater(y.clone()).float().into_data(),
+        ox.clone().greater(oy.clone()).float().into_data(),
+    );
+    close(
+        (x.clone() * 8.0).int().into_data(),
+        (ox.clone() * 8.0).int().into_data(),
+    );
+    close(
+        x.clone().sum_dim(1).into_data(),
+        ox.clone().sum_dim(1).into_data(),
+    );
+    close(x.matmul(w).into_data(), ox.matmul(ow).into_data());
 }
 
 /// Gradients through a sharded matmul + reduction on `Autodiff<DistributedBackend<I>>` equal
@@ -454,7 +477,7 @@ macro_rules! backend_suite {
                 reductions,
                 relayouts,
                 sliced_shards,
-                flipped_uneven_shards,
+                empty_shards,
                 gradients,
                 deferred_partials,
                 narrow_model_products

@@ -83,6 +83,63 @@ fn run_each<P: Clone + Send, I: Send>(
         .collect()
 }
 
+/// [`run_each`] for an op whose output (global `shape` under `layout`) has an empty shard on some
+/// positions (an uneven split that leaves a position none: dim 0 of `[2, 3]` over 4 devices)
+/// while the whole output is not empty: those positions do not run `f` and get an empty shard
+/// of their shape, the computed shards' dtype, on their input's `device`. An op on an empty
+/// shard computes nothing, and some backends mis-handle one: `burn-cubecl` 0.21 underflows in
+/// `CubeTensor::is_nonoverlapping` (`shape - 1` on a dim of 0) when a binary op may write into
+/// an empty operand, a panic in debug builds, and fused Wgpu then returned wrong values on the
+/// other shards. When every shard is empty (an empty global tensor) `f` runs everywhere: the
+/// inner backend's own behaviour on an empty tensor.
+fn run_shards<B: Backend, KO: Kind<B>, I: Send>(
+    inputs: Vec<I>,
+    plan: &[Option<usize>],
+    work: usize,
+    (layout, shape): (&Layout, &[usize]),
+    device: impl Fn(&I) -> B::Device + Sync,
+    f: impl Fn(usize, I) -> KO::P + Sync,
+) -> Vec<KO::P> {
+    let local = |i: usize| crate::layout::local_shape(layout, shape, layout.mesh.global(i));
+    let topo = &layout.mesh;
+    // Only a dim that does not split evenly can leave a position an empty shard.
+    let uneven = layout
+        .dims
+        .iter()
+        .zip(shape)
+        .any(|(a, &n)| a.is_some_and(|a| n % topo.axis_size(a) != 0));
+    let empty: Vec<bool> = if inputs.len() > 1 && uneven && !shape.contains(&0) {
+        (0..inputs.len()).map(|i| local(i).contains(&0)).collect()
+    } else {
+        Vec::new()
+    };
+    if !empty.contains(&true) {
+        return run_each(inputs, plan, work, threads_for::<B>(), f);
+    }
+    let shards = run_each(inputs, plan, work, threads_for::<B>(), |i, x| {
+        if empty[i] {
+            Err(device(&x))
+        } else {
+            Ok(f(i, x))
+        }
+    });
+    let dtype = shards
+        .iter()
+        .find_map(|r| r.as_ref().ok())
+        .expect("a non-empty output has a non-empty shard")
+        .dtype();
+    shards
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            r.unwrap_or_else(|d| {
+                let none = burn::tensor::TensorData::from_bytes_vec(Vec::new(), local(i), dtype);
+                KO::from_data(none, &d)
+            })
+        })
+        .collect()
+}
+
 /// Whether the tensor lives on a mesh of one device. There every layout places the whole tensor
 /// on that device and a pending reduction over one device is already its value, so an op is the
 /// inner op on the one shard, with a replicated output: [`solo_map`] builds it without computing a
@@ -219,13 +276,15 @@ macro_rules! run_operands {
             Some((shards.0.next()? $(, shards.$i.next().expect("one shard per device"))*,))
         })
         .collect();
-        DTensor::from_parts(
-            $shape,
-            $s.output.clone(),
-            run_each(inputs, &plan, w, threads_for::<B>(), |i, ($t0 $(, $t)*,)| {
-                $f(At::Device($s.output.mesh.global(i)), $t0 $(, $t)*)
-            }),
-        )
+        let out = run_shards::<B, KO, _>(
+            inputs,
+            &plan,
+            w,
+            (&$s.output, &$shape),
+            |x| $K0::device(&x.0),
+            |i, ($t0 $(, $t)*,)| $f(At::Device($s.output.mesh.global(i)), $t0 $(, $t)*),
+        );
+        DTensor::from_parts($shape, $s.output.clone(), out)
     }};
 }
 
@@ -339,13 +398,15 @@ pub fn run_n<B: Backend, K: Kind<B>, KO: Kind<B>>(
             per_device[i].push(p);
         }
     }
-    DTensor::from_parts(
-        shape,
-        s.output.clone(),
-        run_each(per_device, &plan, w, threads_for::<B>(), |i, x| {
-            f(At::Device(s.output.mesh.global(i)), x)
-        }),
-    )
+    let out = run_shards::<B, KO, _>(
+        per_device,
+        &plan,
+        w,
+        (&s.output, &shape),
+        |x| K::device(&x[0]),
+        |i, x| f(At::Device(s.output.mesh.global(i)), x),
+    );
+    DTensor::from_parts(shape, s.output.clone(), out)
 }
 
 /// The batch-parallel form of the executor, for module ops (conv, pooling, interpolate,
