@@ -90,8 +90,9 @@ fn run_each<P: Clone + Send, I: Send>(
 /// shard computes nothing, and some backends mis-handle one: `burn-cubecl` 0.21 underflows in
 /// `CubeTensor::is_nonoverlapping` (`shape - 1` on a dim of 0) when a binary op may write into
 /// an empty operand, a panic in debug builds, and fused Wgpu then returned wrong values on the
-/// other shards. When every shard is empty (an empty global tensor) `f` runs everywhere: the
-/// inner backend's own behaviour on an empty tensor.
+/// other shards. When every shard here is empty (an empty global tensor, or a process of a
+/// multi-process mesh holding only empty shards) `f` runs everywhere: the inner backend's own
+/// behaviour on an empty tensor.
 fn run_shards<B: Backend, KO: Kind<B>, I: Send>(
     inputs: Vec<I>,
     plan: &[Option<usize>],
@@ -113,7 +114,9 @@ fn run_shards<B: Backend, KO: Kind<B>, I: Send>(
     } else {
         Vec::new()
     };
-    if !empty.contains(&true) {
+    // Every position here empty (a process of a multi-process mesh may hold only empty shards):
+    // no computed shard gives the dtype, so `f` runs on them.
+    if !empty.contains(&true) || !empty.contains(&false) {
         return run_each(inputs, plan, work, threads_for::<B>(), f);
     }
     let shards = run_each(inputs, plan, work, threads_for::<B>(), |i, x| {
@@ -126,7 +129,7 @@ fn run_shards<B: Backend, KO: Kind<B>, I: Send>(
     let dtype = shards
         .iter()
         .find_map(|r| r.as_ref().ok())
-        .expect("a non-empty output has a non-empty shard")
+        .expect("a position with a non-empty output shard computed it")
         .dtype();
     shards
         .into_iter()
