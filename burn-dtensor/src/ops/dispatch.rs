@@ -101,19 +101,16 @@ fn run_shards<B: Backend, KO: Kind<B>, I: Send>(
     device: impl Fn(&I) -> B::Device + Sync,
     f: impl Fn(usize, I) -> KO::P + Sync,
 ) -> Vec<KO::P> {
-    let local = |i: usize| crate::layout::local_shape(layout, shape, layout.mesh.global(i));
-    let topo = &layout.mesh;
     // Only a dim that does not split evenly can leave a position an empty shard.
-    let uneven = layout
-        .dims
-        .iter()
-        .zip(shape)
-        .any(|(a, &n)| a.is_some_and(|a| n % topo.axis_size(a) != 0));
-    let empty: Vec<bool> = if inputs.len() > 1 && uneven && !shape.contains(&0) {
-        (0..inputs.len()).map(|i| local(i).contains(&0)).collect()
-    } else {
-        Vec::new()
-    };
+    let local: Vec<Vec<usize>> =
+        if inputs.len() > 1 && !crate::layout::is_even(layout, shape) && !shape.contains(&0) {
+            (0..inputs.len())
+                .map(|i| crate::layout::local_shape(layout, shape, layout.mesh.global(i)))
+                .collect()
+        } else {
+            Vec::new()
+        };
+    let empty: Vec<bool> = local.iter().map(|l| l.contains(&0)).collect();
     // Every position here empty (a process of a multi-process mesh may hold only empty shards):
     // no computed shard gives the dtype, so `f` runs on them.
     if !empty.contains(&true) || !empty.contains(&false) {
@@ -133,10 +130,10 @@ fn run_shards<B: Backend, KO: Kind<B>, I: Send>(
         .dtype();
     shards
         .into_iter()
-        .enumerate()
-        .map(|(i, r)| {
+        .zip(local)
+        .map(|(r, shape)| {
             r.unwrap_or_else(|d| {
-                let none = burn::tensor::TensorData::from_bytes_vec(Vec::new(), local(i), dtype);
+                let none = burn::tensor::TensorData::from_bytes_vec(Vec::new(), shape, dtype);
                 KO::from_data(none, &d)
             })
         })
