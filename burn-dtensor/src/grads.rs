@@ -146,12 +146,15 @@ where
         let Some(grad) = self.grads.remove::<B::InnerBackend, D>(param.id) else {
             return;
         };
+        // `layout()` reads through a clone of the tensor (Burn's `Tensor` lends no reference to
+        // its primitive): once per tensor.
         let target = param.val().layout().without_partial();
-        if grad.layout() == target {
+        let layout = grad.layout();
+        if layout == target {
             self.grads.register::<B::InnerBackend, D>(param.id, grad);
             return;
         }
-        if self.cap > 0 && grad.layout().without_partial() == target {
+        if self.cap > 0 && layout.without_partial() == target {
             let dt = <B::InnerBackend as DistributedOps>::float_into_dtensor(
                 grad.into_primitive().tensor(),
             );

@@ -95,9 +95,32 @@ pub fn stack_shape(layout: &Layout, shape: &[usize]) -> Vec<usize> {
     stack_dims(layout, shape).collect()
 }
 
+/// Whether `got` is the [`stack_shape`] of global `shape` under `layout`, without building it:
+/// [`output`] checks every stacked op's result so, and a plain pass over the mesh axes and the
+/// tensor dims costs a fraction of collecting or chaining the dims (about 1.5% of the Flex model
+/// step in session 52's profile).
+fn is_stack_shape(layout: &Layout, shape: &[usize], got: &[usize]) -> bool {
+    let topo = &layout.mesh;
+    let k = topo.ndim();
+    got.len() == k + shape.len()
+        && (0..k).all(|a| {
+            let want = if uses_axis(layout, a) {
+                topo.local_axis_size(a)
+            } else {
+                1
+            };
+            got[a] == want
+        })
+        && layout
+            .dims
+            .iter()
+            .zip(shape)
+            .zip(&got[k..])
+            .all(|((s, &n), &g)| g == s.map_or(n, |a| n / topo.axis_size(a)))
+}
+
 /// [`stack_shape`]'s dims, without allocating them (for meshes of up to 8 axes). The used axes
-/// ([`uses_axis`]) are found once, for all axes ([`stack::output`](output) checks every stacked
-/// op's result against these dims).
+/// ([`uses_axis`]) are found once, for all axes.
 fn stack_dims<'a>(layout: &'a Layout, shape: &'a [usize]) -> impl Iterator<Item = usize> + 'a {
     let topo = &layout.mesh;
     let mut used: smallvec::SmallVec<[bool; 8]> =
@@ -313,7 +336,7 @@ pub fn output<P: TensorMetadata>(
     let layout = layout.into();
     let got = stack.shape();
     assert!(
-        got.iter().copied().eq(stack_dims(&layout, &shape)),
+        is_stack_shape(&layout, &shape, &got),
         "burn-dtensor: stacked op produced {:?}, expected {:?} for global {shape:?} under {layout} (please report)",
         got.to_vec(),
         stack_shape(&layout, &shape)
@@ -741,6 +764,36 @@ pub fn prepare<B: Backend, K: Kind<B>>(mut x: K::P, op: &Operand, out: &[usize])
 #[cfg(test)]
 mod tests {
     use super::fold_along;
+
+    /// The output check agrees with the stack shape it stands for: hand-computed for a sharded
+    /// layout, every dim of it (and the rank) checked, on sharded, replicated and partial layouts.
+    #[test]
+    fn stack_shape_check_agrees_with_the_stack_shape() {
+        use super::{is_stack_shape, stack_shape};
+        use crate::{Layout, Mesh, ReduceOp};
+        let m = Mesh::new([("a", 2), ("b", 2), ("c", 2)], vec![(); 8]).unwrap();
+        let sharded = Layout::new(&m, ["a", "b"]).unwrap();
+        assert_eq!(stack_shape(&sharded, &[4, 6]), vec![2, 2, 1, 2, 3]);
+        let layouts = [
+            sharded,
+            Layout::new(&m, ["unsharded", "c"]).unwrap(),
+            Layout::replicated(&m, 2),
+            Layout::new(&m, ["a", "unsharded"])
+                .unwrap()
+                .with_partial(2, ReduceOp::Sum),
+        ];
+        for l in &layouts {
+            let shape = [4, 6];
+            let want = stack_shape(l, &shape);
+            assert!(is_stack_shape(l, &shape, &want), "{l}");
+            for d in 0..want.len() {
+                let mut off = want.clone();
+                off[d] += 1;
+                assert!(!is_stack_shape(l, &shape, &off), "{l} dim {d}");
+            }
+            assert!(!is_stack_shape(l, &shape, &want[1..]), "{l} rank");
+        }
+    }
 
     /// The rows' axis goes after the other mesh dims holding more than one shard; dims of size 1
     /// and the per-shard dims stay; nothing moves when the rows' axis is already last, alone, or
