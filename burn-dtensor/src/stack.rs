@@ -92,51 +92,42 @@ pub fn uses_axis(layout: &Layout, a: usize) -> bool {
 /// in one process) where the layout uses it, else 1; then the per-shard shape (the layout must
 /// split its sharded dims evenly).
 pub fn stack_shape(layout: &Layout, shape: &[usize]) -> Vec<usize> {
-    stack_dims(layout, shape).collect()
+    let k = layout.mesh.ndim();
+    (0..k)
+        .map(|a| stack_axis(layout, a))
+        .chain(shard_dims(layout, shape))
+        .collect()
 }
 
 /// Whether `got` is the [`stack_shape`] of global `shape` under `layout`, without building it:
 /// [`output`] checks every stacked op's result so, and a plain pass over the mesh axes and the
-/// tensor dims costs a fraction of collecting or chaining the dims (about 1.5% of the Flex model
-/// step in session 52's profile).
+/// tensor dims costs a fraction of collecting or chaining the dims (chaining them was about 1.5%
+/// of the Flex model step in session 52's profile).
 fn is_stack_shape(layout: &Layout, shape: &[usize], got: &[usize]) -> bool {
-    let topo = &layout.mesh;
-    let k = topo.ndim();
+    let k = layout.mesh.ndim();
     got.len() == k + shape.len()
-        && (0..k).all(|a| {
-            let want = if uses_axis(layout, a) {
-                topo.local_axis_size(a)
-            } else {
-                1
-            };
-            got[a] == want
-        })
-        && layout
-            .dims
-            .iter()
-            .zip(shape)
-            .zip(&got[k..])
-            .all(|((s, &n), &g)| g == s.map_or(n, |a| n / topo.axis_size(a)))
+        && (0..k).all(|a| got[a] == stack_axis(layout, a))
+        && shard_dims(layout, shape).eq(got[k..].iter().copied())
 }
 
-/// [`stack_shape`]'s dims, without allocating them (for meshes of up to 8 axes). The used axes
-/// ([`uses_axis`]) are found once, for all axes.
-fn stack_dims<'a>(layout: &'a Layout, shape: &'a [usize]) -> impl Iterator<Item = usize> + 'a {
-    let topo = &layout.mesh;
-    let mut used: smallvec::SmallVec<[bool; 8]> =
-        layout.partial.iter().map(Option::is_some).collect();
-    for &a in layout.dims.iter().flatten() {
-        used[a] = true;
+/// The stacked primitive's dim for mesh axis `a` ([`stack_shape`]).
+fn stack_axis(layout: &Layout, a: usize) -> usize {
+    if uses_axis(layout, a) {
+        layout.mesh.local_axis_size(a)
+    } else {
+        1
     }
-    (0..topo.ndim())
-        .map(move |a| if used[a] { topo.local_axis_size(a) } else { 1 })
-        .chain(
-            layout
-                .dims
-                .iter()
-                .zip(shape)
-                .map(move |(s, &n)| s.map_or(n, |a| n / topo.axis_size(a))),
-        )
+}
+
+/// The per-shard dims of a tensor of global `shape` under `layout` ([`stack_shape`]'s trailing
+/// dims; the layout splits its sharded dims evenly).
+fn shard_dims<'a>(layout: &'a Layout, shape: &'a [usize]) -> impl Iterator<Item = usize> + 'a {
+    let topo = &layout.mesh;
+    layout
+        .dims
+        .iter()
+        .zip(shape)
+        .map(move |(s, &n)| s.map_or(n, |a| n / topo.axis_size(a)))
 }
 
 /// The memory order in which [`crate::api::distribute`] lays out a stacked input on Flex
