@@ -174,12 +174,7 @@ pub fn whole_mesh_stack_elements(layout: &Layout, shape: &[usize]) -> usize {
 
 /// Elements of one shard of a tensor of global `shape` under `layout` (even split).
 pub fn shard_elements(layout: &Layout, shape: &[usize]) -> usize {
-    layout
-        .dims
-        .iter()
-        .zip(shape)
-        .map(|(d, &n)| d.map_or(n, |a| n / layout.mesh.axis_size(a)))
-        .product()
+    shard_dims(layout, shape).product()
 }
 
 /// The highest rank of a stacked primitive (mesh axes + tensor rank): NdArray's limit.
