@@ -11,6 +11,9 @@
 use std::ops::Range;
 use std::process::Command;
 
+#[allow(unused)]
+mod common;
+
 use burn::backend::ndarray::NdArrayDevice;
 use burn::backend::{Autodiff, NdArray};
 use burn::module::Param;
@@ -309,6 +312,109 @@ fn ops_and_relayouts_across_processes() {
         }
     }
     done(name);
+}
+
+/// A process whose every shard is empty: a dim of 1 split over the mesh (one or two positions a
+/// process, 2 and 4 processes) leaves every rank but 0 only `[0, ..]` shards, so no shard of this process gives the op's
+/// output dtype or shape. Element-wise ops on fresh shards, a comparison (bool out), a cast (int
+/// out), a reduction, a matmul and a batch-parallel module op (`conv2d`, whose output shape only
+/// the inner op knows), gathered on every process against NdArray on the whole tensors; on
+/// NdArray, and on plain and fused Wgpu, whose in-place check underflows on an empty operand
+/// (`burn-cubecl` 0.21's `is_nonoverlapping`, a panic in the test profile).
+#[test]
+fn empty_process() {
+    let name = "empty_process";
+    if launched(name, &[2, 4]) {
+        return;
+    }
+    empty_process_on::<NdArray<f32>>(Default::default());
+    #[cfg(feature = "wgpu")]
+    {
+        use burn::backend::wgpu::WgpuDevice;
+        if common::available::<common::WgpuPlain>(&WgpuDevice::Cpu) {
+            empty_process_on::<common::WgpuPlain>(WgpuDevice::Cpu);
+        }
+        #[cfg(feature = "fusion")]
+        if common::available::<burn::backend::Wgpu>(&WgpuDevice::Cpu) {
+            empty_process_on::<burn::backend::Wgpu>(WgpuDevice::Cpu);
+        }
+    }
+    done(name);
+}
+
+fn empty_process_on<I: burn::tensor::backend::Backend>(device: I::Device) {
+    // One and two positions a process (the second: the per-device path of a process, which
+    // never stacks an uneven split).
+    for per in [1, 2] {
+        empty_process_mesh::<I>(device.clone(), per);
+    }
+}
+
+fn empty_process_mesh<I: burn::tensor::backend::Backend>(device: I::Device, per: usize) {
+    use burn::tensor::module::conv2d;
+    use burn::tensor::ops::ConvOptions;
+    type D<I> = DistributedBackend<I>;
+    let world = spmd::init().unwrap();
+    let m = Mesh::spmd([("x", world.size() * per)], vec![device; per]).unwrap();
+    let rows = |r: usize| Layout::replicated(&m, r).with_dim(0, Some(0));
+    let (dx, dy, dw) = (data([1, 3], 10), data([1, 3], 11), data([3, 2], 12));
+    let dc = TensorData::new(
+        (0..18).map(|i| (i as f32 - 8.5) / 4.0).collect::<Vec<_>>(),
+        [1, 2, 3, 3],
+    );
+    let dk = TensorData::new(
+        (0..24).map(|i| (i as f32 - 12.0) / 8.0).collect::<Vec<_>>(),
+        [3, 2, 2, 2],
+    );
+    let o = |d: &TensorData| Tensor::<N, 2>::from_data(d.clone(), &Default::default());
+    let (ox, oy, ow) = (o(&dx), o(&dy), o(&dw));
+    let x: Tensor<D<I>, 2> = distribute(dx, &rows(2)).unwrap();
+    let y: Tensor<D<I>, 2> = distribute(dy, &rows(2)).unwrap();
+    let w: Tensor<D<I>, 2> = distribute(dw, &Layout::replicated(&m, 2)).unwrap();
+    if world.rank() > 0 {
+        assert!(x.clone().to_local_shards().iter().all(|s| s.dims()[0] == 0));
+    }
+    let what = format!("{} ({per} a process)", std::any::type_name::<I>());
+    let close = |op: &str, got: TensorData, want: TensorData| {
+        let (g, w) = (got.convert::<f32>(), want.convert::<f32>());
+        assert_eq!(g.shape, w.shape, "{op} on {what}: shape");
+        close(
+            &format!("{op} on {what}"),
+            &g.to_vec::<f32>().unwrap(),
+            &w.to_vec::<f32>().unwrap(),
+        );
+    };
+    close(
+        "exp(x / 2) + y",
+        ((x.clone() * 0.5).exp() + y.clone()).into_data(),
+        ((ox.clone() * 0.5).exp() + oy.clone()).into_data(),
+    );
+    close(
+        "x > y",
+        x.clone().greater(y.clone()).float().into_data(),
+        ox.clone().greater(oy.clone()).float().into_data(),
+    );
+    close(
+        "int(8 x)",
+        (x.clone() * 8.0).int().into_data(),
+        (ox.clone() * 8.0).int().into_data(),
+    );
+    close(
+        "sum_dim(1)",
+        x.clone().sum_dim(1).into_data(),
+        ox.clone().sum_dim(1).into_data(),
+    );
+    close("x @ w", x.matmul(w).into_data(), ox.matmul(ow).into_data());
+    let c: Tensor<D<I>, 4> = distribute(dc.clone(), &rows(4)).unwrap();
+    let k: Tensor<D<I>, 4> = distribute(dk.clone(), &Layout::replicated(&m, 4)).unwrap();
+    let opts = || ConvOptions::new([1, 1], [0, 0], [1, 1], 1);
+    let oc = Tensor::<N, 4>::from_data(dc, &Default::default());
+    let ok = Tensor::<N, 4>::from_data(dk, &Default::default());
+    close(
+        "conv2d",
+        conv2d(c, k, None, opts()).into_data(),
+        conv2d(oc, ok, None, opts()).into_data(),
+    );
 }
 
 /// `l` with the same sharding spec and pending reductions on mesh `m` (a mesh of the same axes).

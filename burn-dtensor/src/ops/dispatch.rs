@@ -90,10 +90,13 @@ fn run_each<P: Clone + Send, I: Send>(
 /// shard computes nothing, and some backends mis-handle one: `burn-cubecl` 0.21 underflows in
 /// `CubeTensor::is_nonoverlapping` (`shape - 1` on a dim of 0) when a binary op may write into
 /// an empty operand, a panic in debug builds, and fused Wgpu then returned wrong values on the
-/// other shards. When every shard here is empty (an empty global tensor, or a process of a
-/// multi-process mesh holding only empty shards) `f` runs everywhere: the inner backend's own
-/// behaviour on an empty tensor.
-fn run_shards<B: Backend, KO: Kind<B>, I: Send>(
+/// other shards. When every shard is empty (an empty global tensor) `f` runs everywhere: the
+/// inner backend's own behaviour on an empty tensor. When every shard *here* is empty while the
+/// output is not (a process of a multi-process mesh holding only empty shards: no computed
+/// shard gives the dtype), `f` runs too, with every operand kept shared meanwhile, so that no
+/// backend may write into an empty operand in place (the `burn-cubecl` check above is only
+/// reached for an operand it may reuse).
+fn run_shards<B: Backend, KO: Kind<B>, I: Send + Clone>(
     inputs: Vec<I>,
     plan: &[Option<usize>],
     work: usize,
@@ -102,19 +105,24 @@ fn run_shards<B: Backend, KO: Kind<B>, I: Send>(
     f: impl Fn(usize, I) -> KO::P + Sync,
 ) -> Vec<KO::P> {
     // Only a dim that does not split evenly can leave a position an empty shard.
-    let local: Vec<Vec<usize>> =
-        if inputs.len() > 1 && !crate::layout::is_even(layout, shape) && !shape.contains(&0) {
-            (0..inputs.len())
-                .map(|i| crate::layout::local_shape(layout, shape, layout.mesh.global(i)))
-                .collect()
-        } else {
-            Vec::new()
-        };
+    let local: Vec<Vec<usize>> = if !crate::layout::is_even(layout, shape) && !shape.contains(&0) {
+        (0..inputs.len())
+            .map(|i| crate::layout::local_shape(layout, shape, layout.mesh.global(i)))
+            .collect()
+    } else {
+        Vec::new()
+    };
     let empty: Vec<bool> = local.iter().map(|l| l.contains(&0)).collect();
-    // Every position here empty (a process of a multi-process mesh may hold only empty shards):
-    // no computed shard gives the dtype, so `f` runs on them.
-    if !empty.contains(&true) || !empty.contains(&false) {
+    if !empty.contains(&true) {
         return run_each(inputs, plan, work, threads_for::<B>(), f);
+    }
+    if !empty.contains(&false) {
+        // Every position here empty: no computed shard gives the dtype, so `f` runs on them,
+        // its operands held shared (no in-place write into an empty buffer).
+        let held = inputs.clone();
+        let out = run_each(inputs, plan, work, threads_for::<B>(), f);
+        drop(held);
+        return out;
     }
     let shards = run_each(inputs, plan, work, threads_for::<B>(), |i, x| {
         if empty[i] {
@@ -423,7 +431,9 @@ pub fn run_n<B: Backend, K: Kind<B>, KO: Kind<B>>(
 /// inner op, which backends may reject or mis-compute on an empty batch (NdArray's
 /// `deform_conv2d` divides by zero); it gets `empty(r)` of a computed shard `r`, the same
 /// per-shard output with its dim 0 cut to 0. When every shard is empty (a global batch of 0)
-/// the op runs as on one device.
+/// the op runs as on one device; so it does on the empty batches of a process whose every
+/// chunk is empty while the global batch is not (no computed shard gives the output's other
+/// dims): the inner backend's own behaviour on an empty batch.
 pub(crate) fn run_batch_with<B: Backend, R: TensorMetadata + Clone + Send>(
     xs: &DTensor<B::FloatTensorPrimitive>,
     batched_out: bool,
@@ -440,13 +450,19 @@ pub(crate) fn run_batch_with<B: Backend, R: TensorMetadata + Clone + Send>(
     let plan = plan_for::<B, FloatKind>(xs.per_device(), &[&xl]);
     let is_empty = |i: usize| xs.shape.first().is_some_and(|&n| n > 0) && xs.local_shape(i)[0] == 0;
     let positions: Vec<usize> = (0..plan.len()).collect();
-    let computed = run_each(
-        positions,
+    let mut computed = run_each(
+        positions.clone(),
         &plan,
         work(xs.per_device()),
         threads_for::<B>(),
         |_, i| (!is_empty(i)).then(|| f(i)),
     );
+    if computed.iter().all(Option::is_none) {
+        // Every batch here empty while the global one is not (a process of a multi-process mesh
+        // holding only empty chunks): no computed shard gives the output's other dims, so the
+        // op runs on the empty batches, as for an empty global batch.
+        computed = run_each(positions, &plan, 0, threads_for::<B>(), |_, i| Some(f(i)));
+    }
     let some = computed
         .iter()
         .flatten()
