@@ -379,12 +379,41 @@ pub fn reduce_dim<B: Backend, K: Kind<B>>(
     shape[dim] = 1;
     run1::<B, K, K>(t, s, shape, true, |at, x| match at {
         At::Device(_) => f(x, dim),
-        // A stacked view (BatchNorm's `swap_dims(0, 1)` before its mean) made dense first where
-        // the backend would copy it element by element (`Kind::dense`), then reduced with its
-        // leading dims merged where that is a view (`inner::merge_leading_view`: bitwise the
-        // same values, rank 3 or less for the backend's loops).
-        At::Stacked(k) => on_merged_leading::<B, K>(K::dense(x), dim + k, &f),
+        At::Stacked(k) => reduce_stacked::<B, K>(x, dim + k, &f),
     })
+}
+
+/// `f(x, d)`, a reduction of stacked primitive `x` along its dim `d` kept as size 1.
+///
+/// - A permuted view (BatchNorm's `swap_dims(0, 1)` before its mean: `[.., 48, rows]` over
+///   row-major `[.., rows, 48]`) on a backend that prefers dense operands (Flex) is reduced in
+///   its row-major dim order (`permute(x, q)`, a view, [`crate::inner::row_major_order`]) and
+///   the result permuted back (a reshape where only the reduced dim, now 1, moves): no copy of
+///   `x`, and Flex sums the dense tensor along a middle dim,
+///   accumulating its rows in order as it does along the strided dim of one shard's view
+///   (`At::Device`); copied dense, the rows' short runs went to its horizontal row sums.
+/// - Else a strided view is made dense first where the backend would copy it element by element
+///   ([`Kind::dense`]).
+///
+/// Either way the leading dims are merged where that is a view ([`on_merged_leading`]).
+fn reduce_stacked<B: Backend, K: Kind<B>>(
+    x: K::P,
+    d: usize,
+    f: impl Fn(K::P, usize) -> K::P,
+) -> K::P {
+    if crate::inner::prefer_dense::<B>()
+        && let Some(q) = crate::inner::row_major_order(&x)
+    {
+        let dq = q.iter().position(|&a| a == d).expect("a permutation");
+        let r = on_merged_leading::<B, K>(K::permute(x, &q), dq, f);
+        let mut back = vec![0; q.len()];
+        for (i, &a) in q.iter().enumerate() {
+            back[a] = i;
+        }
+        // The reduced dim is 1 now: moving it back is a reshape where only it moves.
+        return crate::collective::stacked::permute::<B, K>(r, &back);
+    }
+    on_merged_leading::<B, K>(K::dense(x), d, f)
 }
 
 /// `f(x, d)`, a reduction of stacked primitive `x` along its dim `d` kept as size 1, run with the
