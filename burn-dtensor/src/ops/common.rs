@@ -389,9 +389,9 @@ pub fn reduce_dim<B: Backend, K: Kind<B>>(
 ///   row-major `[.., rows, 48]`) on a backend that prefers dense operands (Flex) is reduced in
 ///   its row-major dim order (`permute(x, q)`, a view, [`crate::inner::row_major_order`]) and
 ///   the result permuted back (a reshape where only the reduced dim, now 1, moves): no copy of
-///   `x`, and Flex sums the dense tensor along a middle dim,
-///   accumulating its rows in order as it does along the strided dim of one shard's view
-///   (`At::Device`); copied dense, the rows' short runs went to its horizontal row sums.
+///   `x`, and Flex sums the dense tensor along a middle dim, accumulating its rows in order as
+///   it does along the strided dim of one shard's view (`At::Device`); copied dense, the rows'
+///   short runs went to its horizontal row sums.
 /// - Else a strided view is made dense first where the backend would copy it element by element
 ///   ([`Kind::dense`]).
 ///
