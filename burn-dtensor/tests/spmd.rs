@@ -315,12 +315,13 @@ fn ops_and_relayouts_across_processes() {
 }
 
 /// A process whose every shard is empty: a dim of 1 split over the mesh (one or two positions a
-/// process, 2 and 4 processes) leaves every rank but 0 only `[0, ..]` shards, so no shard of this process gives the op's
-/// output dtype or shape. Element-wise ops on fresh shards, a comparison (bool out), a cast (int
-/// out), a reduction, a matmul and a batch-parallel module op (`conv2d`, whose output shape only
-/// the inner op knows), gathered on every process against NdArray on the whole tensors; on
-/// NdArray, and on plain and fused Wgpu, whose in-place check underflows on an empty operand
-/// (`burn-cubecl` 0.21's `is_nonoverlapping`, a panic in the test profile).
+/// process, 2 and 4 processes) leaves every rank but 0 only `[0, ..]` shards, so no shard of
+/// this process gives the op's output dtype or shape. Element-wise ops on fresh shards, a
+/// comparison (bool out), a cast (int out), a reduction, a matmul and a batch-parallel module op
+/// (`conv2d`, whose output shape only the inner op knows), gathered on every process against
+/// NdArray on the whole tensors; on NdArray, and on plain and fused Wgpu, whose in-place check
+/// underflows on an empty operand (`burn-cubecl` 0.21's `is_nonoverlapping`, a panic in the
+/// test profile).
 #[test]
 fn empty_process() {
     let name = "empty_process";
@@ -375,7 +376,7 @@ fn empty_process_mesh<I: burn::tensor::backend::Backend>(device: I::Device, per:
         assert!(x.clone().to_local_shards().iter().all(|s| s.dims()[0] == 0));
     }
     let what = format!("{} ({per} a process)", std::any::type_name::<I>());
-    let close = |op: &str, got: TensorData, want: TensorData| {
+    let same = |op: &str, got: TensorData, want: TensorData| {
         let (g, w) = (got.convert::<f32>(), want.convert::<f32>());
         assert_eq!(g.shape, w.shape, "{op} on {what}: shape");
         close(
@@ -384,33 +385,33 @@ fn empty_process_mesh<I: burn::tensor::backend::Backend>(device: I::Device, per:
             &w.to_vec::<f32>().unwrap(),
         );
     };
-    close(
+    same(
         "exp(x / 2) + y",
         ((x.clone() * 0.5).exp() + y.clone()).into_data(),
         ((ox.clone() * 0.5).exp() + oy.clone()).into_data(),
     );
-    close(
+    same(
         "x > y",
         x.clone().greater(y.clone()).float().into_data(),
         ox.clone().greater(oy.clone()).float().into_data(),
     );
-    close(
+    same(
         "int(8 x)",
         (x.clone() * 8.0).int().into_data(),
         (ox.clone() * 8.0).int().into_data(),
     );
-    close(
+    same(
         "sum_dim(1)",
         x.clone().sum_dim(1).into_data(),
         ox.clone().sum_dim(1).into_data(),
     );
-    close("x @ w", x.matmul(w).into_data(), ox.matmul(ow).into_data());
+    same("x @ w", x.matmul(w).into_data(), ox.matmul(ow).into_data());
     let c: Tensor<D<I>, 4> = distribute(dc.clone(), &rows(4)).unwrap();
     let k: Tensor<D<I>, 4> = distribute(dk.clone(), &Layout::replicated(&m, 4)).unwrap();
     let opts = || ConvOptions::new([1, 1], [0, 0], [1, 1], 1);
     let oc = Tensor::<N, 4>::from_data(dc, &Default::default());
     let ok = Tensor::<N, 4>::from_data(dk, &Default::default());
-    close(
+    same(
         "conv2d",
         conv2d(c, k, None, opts()).into_data(),
         conv2d(oc, ok, None, opts()).into_data(),

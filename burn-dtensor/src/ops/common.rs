@@ -404,12 +404,9 @@ fn reduce_stacked<B: Backend, K: Kind<B>>(
     if crate::inner::prefer_dense::<B>()
         && let Some(q) = crate::inner::row_major_order(&x)
     {
-        let dq = q.iter().position(|&a| a == d).expect("a permutation");
-        let r = on_merged_leading::<B, K>(K::permute(x, &q), dq, f);
-        let mut back = vec![0; q.len()];
-        for (i, &a) in q.iter().enumerate() {
-            back[a] = i;
-        }
+        // `back[d]`: where dim `d` of `x` sits in the permuted view.
+        let back = crate::host::inverse_permutation(&q);
+        let r = on_merged_leading::<B, K>(K::permute(x, &q), back[d], f);
         // The reduced dim is 1 now: moving it back is a reshape where only it moves.
         return crate::collective::stacked::permute::<B, K>(r, &back);
     }
