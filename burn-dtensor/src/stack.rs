@@ -669,9 +669,13 @@ pub fn elementwise_plan<B>(shapes: &[&[usize]]) -> (Vec<Operand>, Vec<usize>) {
         let refs: Vec<&[usize]> = m.iter().map(|s| &s[..]).collect();
         broadcast_shape(&refs)
     };
+    let none = || vec![Vec::new(); shapes.len()];
+    if prefer_dense::<B>() && flex_fast_path(shapes) {
+        let unmerged = shapes.iter().map(|s| s.to_vec()).collect();
+        return plan(none(), unmerged, broadcast_shape(shapes), false);
+    }
     let merged = merge(shapes);
     let merged_out = out_of(&merged);
-    let none = || vec![Vec::new(); shapes.len()];
     if !prefer_dense::<B>() || merged_out.len() <= 2 || merged.iter().all(|s| s == &merged_out) {
         return plan(none(), merged, merged_out, false);
     }
@@ -697,6 +701,25 @@ pub fn elementwise_plan<B>(shapes: &[&[usize]]) -> (Vec<Operand>, Vec<usize>) {
     } else {
         plan(none(), merged, merged_out, true)
     }
+}
+
+/// Whether Flex runs the binary op on the stacked `shapes` (equal ranks) at its fast path as
+/// they are, so that merging their dims ([`coalesce`]) would only cost reshapes (an allocation
+/// each, three per op, about 170 a data-parallel IMDB step): both operands of the output's shape
+/// (Flex's same-shape paths, any rank), or the first of it and the second either a shared row
+/// (`[1, .., 1, n]`: `[8, 8, 48] + [1, 1, 48]`) or a per-row scalar (the output's leading dims,
+/// then 1s: `[8, 8, 48] - [8, 8, 1]`), the two broadcasts Flex 0.21's `detect_broadcast_pattern`
+/// takes at any rank when the full operand comes first. Any other broadcast, and ops of three
+/// operands (`mask_where`), merge as before.
+fn flex_fast_path(shapes: &[&[usize]]) -> bool {
+    let [lhs, rhs] = shapes else {
+        return false;
+    };
+    let out = broadcast_shape(shapes);
+    let r = out.len();
+    let row = r > 0 && rhs[r - 1] == out[r - 1] && rhs[..r - 1].iter().all(|&d| d == 1);
+    let scalar = (0..=r).any(|j| rhs[..j] == out[..j] && rhs[j..].iter().all(|&d| d == 1));
+    *lhs == out && (*rhs == out || row || scalar)
 }
 
 /// The repeats that leave operand `s` broadcasting against `out` only on leading dims (then
@@ -750,6 +773,40 @@ pub fn prepare<B: Backend, K: Kind<B>>(mut x: K::P, op: &Operand, out: &[usize])
 #[cfg(test)]
 mod tests {
     use super::fold_along;
+
+    /// On Flex, a binary op whose operands Flex takes at its fast path as they lie (same shapes,
+    /// a shared row, a per-row scalar, the full operand first) runs unmerged, with no reshape;
+    /// a model-parallel bias still gets its repeat, and the same shapes still merge on the
+    /// CubeCL backends (no `prefer_dense`).
+    #[cfg(feature = "flex")]
+    #[test]
+    fn flex_binary_ops_at_their_fast_path_run_unmerged() {
+        use super::elementwise_plan;
+        type F = burn_flex::Flex;
+        let unmerged = |shapes: &[&[usize]]| {
+            let (ops, out) = elementwise_plan::<F>(shapes);
+            ops.iter()
+                .zip(shapes)
+                .all(|(o, s)| o.repeat.is_empty() && !o.dense && o.shape == *s)
+                && out == crate::rules::pointwise::broadcast_shape(shapes)
+        };
+        assert!(unmerged(&[&[8, 8, 48], &[8, 8, 48]]));
+        assert!(unmerged(&[&[8, 8, 48], &[1, 1, 48]]));
+        assert!(unmerged(&[&[8, 8, 48], &[8, 8, 1]]));
+        assert!(unmerged(&[&[8, 8, 48], &[8, 1, 1]]));
+        // The broadcast operand first, a broadcast in the middle, three operands: merged.
+        assert!(!unmerged(&[&[1, 1, 48], &[8, 8, 48]]));
+        assert!(!unmerged(&[&[8, 8, 48], &[8, 1, 48]]));
+        assert!(!unmerged(&[&[8, 8, 48], &[8, 8, 48], &[8, 8, 48]]));
+        // A model-parallel bias against `[batch, model]` activations: repeated, then merged.
+        let (ops, out) = elementwise_plan::<F>(&[&[4, 2, 16, 24], &[1, 2, 1, 24]]);
+        assert_eq!(ops[1].repeat, vec![(2, 16)]);
+        assert_eq!(out, vec![4, 768]);
+        // Not on a backend that is neither Flex nor NdArray (as the CubeCL ones): merged.
+        struct Other;
+        let (_, out) = elementwise_plan::<Other>(&[&[8, 8, 48], &[8, 8, 48]]);
+        assert_eq!(out, vec![3072]);
+    }
 
     /// The output check agrees with the stack shape it stands for: hand-computed for a sharded
     /// layout, every dim of it (and the rank) checked, on sharded, replicated and partial layouts.
