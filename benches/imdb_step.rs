@@ -17,7 +17,7 @@ use burn::optim::SgdConfig;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use burn_dtensor::{DTensorExt, LayoutMap};
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, criterion_group};
 use dtensor_imdb::model::{ImdbMlp, LossReduction};
 use dtensor_imdb::train::{Distributed, Mode, Placement, Single, step};
 
@@ -224,6 +224,127 @@ fn config() -> Criterion {
         .measurement_time(std::time::Duration::from_secs(2))
 }
 
+/// `steps` training steps of the IMDB MLP on placement `p` (a model and an optimizer of its own,
+/// made here), as a closure that runs them and returns the seconds they took: one contender of
+/// [`interleaved`].
+fn stepper<P: Placement + 'static>(
+    p: P,
+    dims: (usize, usize, usize),
+) -> Box<dyn FnMut(usize) -> f64> {
+    let (x, y) = batch(64, dims.0, 7);
+    let device = p.device();
+    let mut slot = Some(
+        p.prepare_model(ImdbMlp::with_dims(dims.0, dims.1, dims.2, &device))
+            .unwrap(),
+    );
+    let mut optim = SgdConfig::new().init();
+    Box::new(move |steps| {
+        let t = std::time::Instant::now();
+        for _ in 0..steps {
+            let (xb, yb) = p.train_batch(x.clone(), y.clone()).unwrap();
+            let (m, loss, _) = step(
+                &p,
+                slot.take().unwrap(),
+                &mut optim,
+                (xb, yb),
+                1e-2,
+                LossReduction::Mean,
+            )
+            .unwrap();
+            let _ = loss.into_data();
+            slot = Some(m);
+        }
+        t.elapsed().as_secs_f64()
+    })
+}
+
+/// The four modes of the IMDB step on inner backend `I`, in interleaved rounds: every round
+/// runs `steps` steps of each mode back to back (the order rotating from round to round), so
+/// that a slow stretch of a noisy machine slows every mode of that round alike. Prints, per
+/// mode, the median step time over the rounds and the median over rounds of the ratio to the
+/// single device's step in the same round (the issue 22 figure: the sharded step over the bare
+/// backend's), with its range.
+fn interleaved<I: Backend>(backend: &str, device: I::Device, rounds: usize, steps: usize)
+where
+    I::Device: 'static,
+{
+    let dims = (1200, 48, 2);
+    let mut contenders: Vec<(Mode, Box<dyn FnMut(usize) -> f64>)> =
+        [Mode::Single, Mode::Data, Mode::Model, Mode::Spatial]
+            .into_iter()
+            .map(|mode| {
+                let run = match mode {
+                    Mode::Single => stepper(
+                        Single::<I> {
+                            device: device.clone(),
+                        },
+                        dims,
+                    ),
+                    m => stepper(distributed_on::<I>(m, device.clone()), dims),
+                };
+                (mode, run)
+            })
+            .collect();
+    for (_, run) in &mut contenders {
+        run(steps / 4 + 1); // warm-up
+    }
+    let k = contenders.len();
+    let mut times = vec![Vec::with_capacity(rounds); k];
+    for r in 0..rounds {
+        for j in 0..k {
+            let i = (r + j) % k;
+            times[i].push(contenders[i].1(steps) / steps as f64);
+        }
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!("imdb/{backend}: {rounds} interleaved rounds of {steps} steps");
+    for (i, (mode, _)) in contenders.iter().enumerate() {
+        let ratios: Vec<f64> = (0..rounds).map(|r| times[i][r] / times[0][r]).collect();
+        let (lo, hi) = ratios
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+        println!(
+            "  {:<8} {:>8.1} us  x{:.3} of single (rounds {lo:.3}-{hi:.3})",
+            format!("{mode:?}").to_lowercase(),
+            median(times[i].clone()) * 1e6,
+            median(ratios),
+        );
+    }
+}
+
 criterion_group! { name = benches; config = config(); targets = imdb }
 criterion_group! { name = large_benches; config = config().sample_size(10).measurement_time(std::time::Duration::from_secs(5)); targets = large }
-criterion_main!(benches, large_benches);
+
+/// Criterion's benches (what `criterion_main!` would run); or, with
+/// `DTENSOR_BENCH_INTERLEAVED=<rounds>[x<steps>]` (e.g. `15x200`; 200 steps a round by default),
+/// the IMDB step's modes in interleaved rounds on NdArray and Flex ([`interleaved`]) instead:
+/// `DTENSOR_BENCH_INTERLEAVED=15 cargo bench --bench imdb_step`.
+fn main() {
+    if let Ok(spec) = std::env::var("DTENSOR_BENCH_INTERLEAVED") {
+        let (rounds, steps) = spec.split_once('x').unwrap_or((&spec, "200"));
+        let (rounds, steps) = (
+            rounds
+                .parse()
+                .expect("DTENSOR_BENCH_INTERLEAVED=<rounds>[x<steps>]"),
+            steps
+                .parse()
+                .expect("DTENSOR_BENCH_INTERLEAVED=<rounds>[x<steps>]"),
+        );
+        // `DTENSOR_BENCH_BACKEND=flex` (or `ndarray`): that inner backend alone.
+        let only = std::env::var("DTENSOR_BENCH_BACKEND").ok();
+        let on = |b: &str| only.as_deref().is_none_or(|o| o == b);
+        if on("ndarray") {
+            interleaved::<NdArray>("ndarray", Default::default(), rounds, steps);
+        }
+        if on("flex") {
+            interleaved::<Flex>("flex", Default::default(), rounds, steps);
+        }
+        return;
+    }
+    benches();
+    large_benches();
+    Criterion::default().configure_from_args().final_summary();
+}
