@@ -17,7 +17,10 @@
 //!   all-to-all with its send buffer packed from the transposed blocks (`direct_fresh`): the
 //!   relayout's own work with nothing of burn-dtensor around it: `dtensor` against this line is
 //!   what the decorator's path adds (its code, and where its buffers lie), this line against
-//!   `mpi direct` what a new output and the exchange's shape cost.
+//!   `mpi direct` what a new output and the exchange's shape cost;
+//! - `mpi typed` (all-to-all only): the transposing exchange of `mpi fresh` with MPI reading the
+//!   strided blocks in place (`MPI_Alltoallw` over `MPI_Type_vector` send types, `direct_typed`)
+//!   instead of packing them first: whether a derived datatype beats the pack.
 //!
 //! Each `dtensor` repetition makes its input just before the clock starts (warm, as a step's
 //! freshly computed tensor) and lines the ranks up with an untimed barrier, so that no rank's
@@ -202,6 +205,62 @@ fn direct_fresh(name: &str, side: usize, p: usize, reps: usize) -> f64 {
     )
 }
 
+/// The all-to-all of [`direct_fresh`] with MPI packing the strided blocks itself: each
+/// destination `j`'s part is sent from the `[side / p, side]` shard in place through a vector
+/// datatype (`MPI_Type_vector`: `side / p` rows of `side / p` elements, stride `side`) with
+/// `MPI_Alltoallw`, received contiguous; the types are made and freed in the timed part.
+#[cfg(feature = "mpi")]
+fn direct_typed(side: usize, p: usize, reps: usize) -> f64 {
+    use mpi::ffi;
+    use mpi::raw::AsRaw;
+    use mpi::traits::*;
+    let world = mpi::topology::SimpleCommunicator::world();
+    let (comm, f32t) = (world.as_raw(), f32::equivalent_datatype().as_raw());
+    let share = side * side / p;
+    let (rows, cols) = (side / p, side / p);
+    let c = |x: usize| i32::try_from(x).expect("fewer than 2^31");
+    time_lined_up(
+        reps,
+        || vec![1f32; share],
+        |source| {
+            let mut recv = Vec::<f32>::with_capacity(share);
+            // SAFETY: the vector type covers `rows` rows of `cols` elements of the shard at
+            // byte displacement `j * cols * 4`, inside `share` elements; the receive parts are
+            // `rows * cols` contiguous elements each, `share` in all; blocking call.
+            unsafe {
+                let mut vt: ffi::MPI_Datatype = std::mem::zeroed();
+                ffi::MPI_Type_vector(c(rows), c(cols), c(side), f32t, &mut vt);
+                ffi::MPI_Type_commit(&mut vt);
+                let ones = vec![1i32; p];
+                let sd: Vec<i32> = (0..p).map(|j| c(j * cols * 4)).collect();
+                let st = vec![vt; p];
+                let rc = vec![c(rows * cols); p];
+                let rd: Vec<i32> = (0..p).map(|j| c(j * rows * cols * 4)).collect();
+                let rt = vec![f32t; p];
+                ffi::MPI_Alltoallw(
+                    source.as_ptr().cast(),
+                    ones.as_ptr(),
+                    sd.as_ptr(),
+                    st.as_ptr(),
+                    recv.as_mut_ptr().cast(),
+                    rc.as_ptr(),
+                    rd.as_ptr(),
+                    rt.as_ptr(),
+                    comm,
+                );
+                ffi::MPI_Type_free(&mut vt);
+                recv.set_len(share);
+            }
+            (recv, source)
+        },
+    )
+}
+
+#[cfg(not(feature = "mpi"))]
+fn direct_typed(_: usize, _: usize, _: usize) -> f64 {
+    f64::NAN
+}
+
 #[cfg(not(feature = "mpi"))]
 fn direct(_: &str, _: usize, _: usize, _: usize) -> f64 {
     f64::NAN
@@ -360,6 +419,10 @@ fn worker() {
             line(name, "mpi direct", reference, factor, reference);
             let fresh = direct_fresh(name, side, p, reps);
             line(name, "mpi fresh", fresh, factor, reference);
+            if name == "all-to-all" {
+                let typed = direct_typed(side, p, reps);
+                line(name, "mpi typed", typed, factor, reference);
+            }
         }
     }
     buckets(&mesh, chief);
