@@ -224,6 +224,9 @@ fn config() -> Criterion {
         .measurement_time(std::time::Duration::from_secs(2))
 }
 
+/// Runs `n` training steps and returns the seconds they took ([`stepper`]).
+type Stepper = Box<dyn FnMut(usize) -> f64>;
+
 /// `steps` training steps of the IMDB MLP on placement `p` (a model and an optimizer of its own,
 /// made here), as a closure that runs them and returns the seconds they took: one contender of
 /// [`interleaved`].
@@ -269,7 +272,7 @@ where
     I::Device: 'static,
 {
     let dims = (1200, 48, 2);
-    let mut contenders: Vec<(Mode, Box<dyn FnMut(usize) -> f64>)> =
+    let mut contenders: Vec<(Mode, Stepper)> =
         [Mode::Single, Mode::Data, Mode::Model, Mode::Spatial]
             .into_iter()
             .map(|mode| {
