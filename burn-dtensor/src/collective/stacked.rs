@@ -347,6 +347,13 @@ pub(crate) fn permute<B: Backend, K: Kind<B>>(x: K::P, order: &[usize]) -> K::P 
     K::permute(x, order)
 }
 
+/// Whether the runs of `permute(order)` of a row-major tensor of `shape` are long enough for
+/// [`dense_permute`] to copy it by runs: at least 8 elements, below which the per-run
+/// bookkeeping costs more than the backend's element-wise copy saves.
+pub(crate) fn permutes_by_runs(shape: &[usize], order: &[usize]) -> bool {
+    crate::host::permute_run(shape, order) >= 8
+}
+
 /// `permute(order)` materialised row-major, by one copy per contiguous run of the host bytes
 /// ([`crate::host::for_each_permuted_run`]): always for a backend that
 /// [`prefer_dense`](crate::inner::prefer_dense) (Flex), where a permuted view is copied through
@@ -355,13 +362,9 @@ pub(crate) fn permute<B: Backend, K: Kind<B>>(x: K::P, order: &[usize]) -> K::P 
 /// before a merge that would copy anyway ([`permute_for_merge`]). `None` when `x` is not a row-major host tensor of a numeric dtype, or the
 /// runs are too short for the copies to beat the iterator.
 pub(crate) fn dense_permute<B: Backend, K: Kind<B>>(x: &K::P, order: &[usize]) -> Option<K::P> {
-    /// Elements per run below which the per-run bookkeeping costs more than it saves.
-    const MIN_RUN: usize = 8;
     let shape = x.shape().to_vec();
     let dtype = x.dtype();
-    if crate::host::permute_run(&shape, order) < MIN_RUN
-        || matches!(dtype, burn::tensor::DType::QFloat(_))
-    {
+    if !permutes_by_runs(&shape, order) || matches!(dtype, burn::tensor::DType::QFloat(_)) {
         return None;
     }
     let src = crate::inner::host_bytes(x)?;
