@@ -18,12 +18,12 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use burn_dtensor::{DTensorExt, LayoutMap};
 use criterion::{Criterion, criterion_group};
-use dtensor_imdb::model::{ImdbMlp, LossReduction};
-use dtensor_imdb::train::{Distributed, Mode, Placement, Single, step};
+use dtensor_imdb::model::ImdbMlp;
+use dtensor_imdb::train::{Distributed, Mode, Placement, Single};
 
 #[path = "common/mod.rs"]
 mod common;
-use common::batch;
+use common::{batch, imdb_train_step};
 
 /// mimalloc rather than glibc's malloc: glibc returns the buffers freed at the end of a step to
 /// the OS and page-faults them back in on the next (measured in NOTES.md).
@@ -93,20 +93,7 @@ fn bench_step<P: Placement>(
     let mut optim = SgdConfig::new().init();
     let mut slot = Some(model);
     c.bench_function(&format!("{name}/train_step"), |b| {
-        b.iter(|| {
-            let (xb, yb) = p.train_batch(x.clone(), y.clone()).unwrap();
-            let (m, loss, _) = step(
-                p,
-                slot.take().unwrap(),
-                &mut optim,
-                (xb, yb),
-                1e-2,
-                LossReduction::Mean,
-            )
-            .unwrap();
-            let _ = loss.into_data();
-            slot = Some(m);
-        })
+        b.iter(|| imdb_train_step(p, &mut slot, &mut optim, &x, &y))
     });
     let inference = slot.take().unwrap().valid();
     c.bench_function(&format!("{name}/inference"), |b| {
@@ -230,10 +217,7 @@ type Stepper = Box<dyn FnMut(usize) -> f64>;
 /// `steps` training steps of the IMDB MLP on placement `p` (a model and an optimizer of its own,
 /// made here), as a closure that runs them and returns the seconds they took: one contender of
 /// [`interleaved`].
-fn stepper<P: Placement + 'static>(
-    p: P,
-    dims: (usize, usize, usize),
-) -> Box<dyn FnMut(usize) -> f64> {
+fn stepper<P: Placement + 'static>(p: P, dims: (usize, usize, usize)) -> Stepper {
     let (x, y) = batch(64, dims.0, 7);
     let device = p.device();
     let mut slot = Some(
@@ -244,18 +228,7 @@ fn stepper<P: Placement + 'static>(
     Box::new(move |steps| {
         let t = std::time::Instant::now();
         for _ in 0..steps {
-            let (xb, yb) = p.train_batch(x.clone(), y.clone()).unwrap();
-            let (m, loss, _) = step(
-                &p,
-                slot.take().unwrap(),
-                &mut optim,
-                (xb, yb),
-                1e-2,
-                LossReduction::Mean,
-            )
-            .unwrap();
-            let _ = loss.into_data();
-            slot = Some(m);
+            imdb_train_step(&p, &mut slot, &mut optim, &x, &y);
         }
         t.elapsed().as_secs_f64()
     })

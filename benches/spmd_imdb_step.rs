@@ -17,12 +17,12 @@ use burn::backend::NdArray;
 use burn::optim::SgdConfig;
 use burn_dtensor::LayoutMap;
 use burn_dtensor::spmd::{self, Reduction};
-use dtensor_imdb::model::{ImdbMlp, LossReduction};
-use dtensor_imdb::train::{Distributed, Mode, Placement, step};
+use dtensor_imdb::model::ImdbMlp;
+use dtensor_imdb::train::{Distributed, Mode, Placement};
 
 #[path = "common/mod.rs"]
 mod common;
-use common::batch;
+use common::{batch, imdb_train_step};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -58,18 +58,7 @@ fn median_step(mode: Mode, devices: usize, stacked: bool, steps: usize) -> f64 {
     let mut times = Vec::new();
     for i in 0..steps + 10 {
         let t = Instant::now();
-        let (xb, yb) = p.train_batch(x.clone(), y.clone()).unwrap();
-        let (m, loss, _) = step(
-            &p,
-            model.take().unwrap(),
-            &mut optim,
-            (xb, yb),
-            1e-2,
-            LossReduction::Mean,
-        )
-        .unwrap();
-        let _ = loss.into_data();
-        model = Some(m);
+        imdb_train_step(&p, &mut model, &mut optim, &x, &y);
         if i >= 10 {
             times.push(t.elapsed().as_secs_f64() * 1e3);
         }

@@ -85,3 +85,35 @@ pub fn one_then_under_mpirun(counts: &[usize], worker: impl Fn()) {
     }
     under_mpirun(counts);
 }
+
+/// One IMDB training step as the step benches time it: the model held in `slot` on placement
+/// `p`, the batch `(x, y)` laid out as `p`'s training batch, `optim`'s update at learning rate
+/// 1e-2 on the mean loss, and the loss read back so the step's work has completed. The updated
+/// model goes back into `slot`.
+///
+/// # Panics
+/// If `slot` is empty, or the placement rejects the batch or the step (a bench's set-up error).
+pub fn imdb_train_step<P, O>(
+    p: &P,
+    slot: &mut Option<dtensor_imdb::model::ImdbMlp<P::AD>>,
+    optim: &mut O,
+    x: &TensorData,
+    y: &TensorData,
+) where
+    P: dtensor_imdb::train::Placement,
+    O: burn::optim::Optimizer<dtensor_imdb::model::ImdbMlp<P::AD>, P::AD>,
+{
+    let (xb, yb) = p.train_batch(x.clone(), y.clone()).unwrap();
+    let model = slot.take().expect("a model in the slot");
+    let (m, loss, _) = dtensor_imdb::train::step(
+        p,
+        model,
+        optim,
+        (xb, yb),
+        1e-2,
+        dtensor_imdb::model::LossReduction::Mean,
+    )
+    .unwrap();
+    let _ = loss.into_data();
+    *slot = Some(m);
+}

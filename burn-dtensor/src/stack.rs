@@ -776,8 +776,8 @@ mod tests {
 
     /// On Flex, a binary op whose operands Flex takes at its fast path as they lie (same shapes,
     /// a shared row, a per-row scalar, the full operand first) runs unmerged, with no reshape;
-    /// a model-parallel bias still gets its repeat, and the same shapes still merge on the
-    /// CubeCL backends (no `prefer_dense`).
+    /// a model-parallel bias still gets its repeat, and the same shapes still merge on every
+    /// other backend (no `prefer_dense`: NdArray, the CubeCL ones).
     #[cfg(feature = "flex")]
     #[test]
     fn flex_binary_ops_at_their_fast_path_run_unmerged() {
@@ -802,7 +802,7 @@ mod tests {
         let (ops, out) = elementwise_plan::<F>(&[&[4, 2, 16, 24], &[1, 2, 1, 24]]);
         assert_eq!(ops[1].repeat, vec![(2, 16)]);
         assert_eq!(out, vec![4, 768]);
-        // Not on a backend that is neither Flex nor NdArray (as the CubeCL ones): merged.
+        // On a backend other than Flex (`Other` stands for NdArray and the CubeCL ones): merged.
         struct Other;
         let (_, out) = elementwise_plan::<Other>(&[&[8, 8, 48], &[8, 8, 48]]);
         assert_eq!(out, vec![3072]);

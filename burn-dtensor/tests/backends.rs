@@ -92,25 +92,7 @@ pub fn reductions<I: Backend>(device: I::Device) {
             let (tt, ot) = (t.clone().transpose(), o.clone().transpose());
             c(tt.clone().sum_dim(dim), ot.clone().sum_dim(dim));
             c(tt.clone().mean_dim(dim), ot.clone().mean_dim(dim));
-            c(tt.clone().max_dim(dim), ot.clone().max_dim(dim));
-            // Scalar ops, casts and a comparison of the transposed view and of the input (on
-            // Flex both permuted views, run in their row-major order and kept views), then
-            // combined with a row-major operand.
-            for (x, ox) in [(tt.clone(), ot.clone()), (t.clone(), o.clone())] {
-                let (xc, oxc) = (x.full_like(0.25), ox.full_like(0.25));
-                let scaled = x.clone().mul_scalar(0.5).add_scalar(1.0).div_scalar(4.0);
-                let oscaled = ox.clone().mul_scalar(0.5).add_scalar(1.0).div_scalar(4.0);
-                c(scaled.clone(), oscaled.clone());
-                c(scaled + xc.clone(), oscaled + oxc.clone());
-                c(
-                    x.clone().greater_elem(0.0).float() + x.clone().int().float(),
-                    ox.clone().greater_elem(0.0).float() + ox.clone().int().float(),
-                );
-                c(
-                    xc - x.clone().clamp(-0.5, 0.5).neg(),
-                    oxc - ox.clone().clamp(-0.5, 0.5).neg(),
-                );
-            }
+            c(tt.max_dim(dim), ot.max_dim(dim));
             c(t.clone().sum_dim(dim), o.clone().sum_dim(dim));
             c(t.clone().mean_dim(dim), o.clone().mean_dim(dim));
             c(t.clone().max_dim(dim), o.clone().max_dim(dim));
@@ -119,6 +101,25 @@ pub fn reductions<I: Backend>(device: I::Device) {
             c(
                 burn::tensor::activation::softmax(t.clone(), dim),
                 burn::tensor::activation::softmax(o.clone(), dim),
+            );
+        }
+        // Scalar ops, casts and a comparison of the transposed view and of the input (on Flex
+        // both permuted views: run in their row-major order, copied back by runs), then combined
+        // with a row-major operand.
+        let (tt, ot) = (t.clone().transpose(), o.clone().transpose());
+        for (x, ox) in [(tt, ot), (t.clone(), o.clone())] {
+            let (xc, oxc) = (x.full_like(0.25), ox.full_like(0.25));
+            let scaled = x.clone().mul_scalar(0.5).add_scalar(1.0).div_scalar(4.0);
+            let oscaled = ox.clone().mul_scalar(0.5).add_scalar(1.0).div_scalar(4.0);
+            c(scaled.clone(), oscaled.clone());
+            c(scaled + xc.clone(), oscaled + oxc.clone());
+            c(
+                x.clone().greater_elem(0.0).float() + x.clone().int().float(),
+                ox.clone().greater_elem(0.0).float() + ox.clone().int().float(),
+            );
+            c(
+                xc - x.clone().clamp(-0.5, 0.5).neg(),
+                oxc - ox.clone().clamp(-0.5, 0.5).neg(),
             );
         }
         if shape == [4, 6] {
