@@ -431,14 +431,26 @@ pub trait Kind<B: Backend>: 'static {
     /// Slicing.
     fn slice(t: Self::P, slices: &[Slice]) -> Self::P;
     /// The slice of `t` along `dim` (every other dim whole); `t` itself when `range` is the whole
-    /// dim. An empty `range` is taken at the start of the dim (`0..0`, the same empty slice):
-    /// Flex computes a slice's offset from its start, and past the end of a flipped dim (an
-    /// uneven split's empty shard) that offset is negative, which its debug builds reject (Burn's
-    /// conformance tests `*_flipped_*` on a mesh of 4 along dim 0, NOTES.md).
+    /// dim. An empty `range` (an uneven split's empty shard) gives a new empty primitive of the
+    /// slice's shape, dtype and device, made from no bytes ([`Kind::from_data`]), not a slice:
+    /// no inner op ever runs on it. `burn-cubecl` copies a slice whose byte offsets are not
+    /// aligned to the device's (`[2, 3]` f32 cut to rows `2..2`) with a kernel of as many units
+    /// as the slice has elements, and CUDA refuses a launch of 0 cubes (`CUDA_ERROR_INVALID_VALUE`,
+    /// reported at the next read of any tensor on that stream; Wgpu runs it as a no-op); Flex
+    /// computes a slice's offset from its start, which past the end of a flipped dim is negative
+    /// and rejected by its debug builds (Burn's conformance tests `*_flipped_*` on a mesh of 4
+    /// along dim 0). A quantized `t` is sliced at `0..0` instead (its data carries parameters).
     fn narrow(t: Self::P, dim: usize, range: std::ops::Range<usize>) -> Self::P {
         let shape = t.shape();
         if range.start == 0 && range.end == shape[dim] {
             return t;
+        }
+        let dtype = t.dtype();
+        if range.is_empty() && !matches!(dtype, DType::QFloat(_)) {
+            let mut dims: Vec<usize> = shape.iter().copied().collect();
+            dims[dim] = 0;
+            let none = TensorData::from_bytes_vec(Vec::new(), dims, dtype);
+            return Self::from_data(none, &Self::device(&t));
         }
         let range = if range.is_empty() { 0..0 } else { range };
         let slices: Vec<Slice> = (0..shape.num_dims())

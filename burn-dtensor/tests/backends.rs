@@ -546,3 +546,7 @@ backend_suite!(
 );
 #[cfg(feature = "cuda")]
 backend_suite!(cuda, crate::common::CudaPlain, Default::default());
+// With `fusion` too, `burn::backend::Cuda` is `Fusion<CubeBackend<CudaRuntime>>`: the suite on
+// the fused Cuda backend, as on fused Wgpu.
+#[cfg(all(feature = "cuda", feature = "fusion"))]
+backend_suite!(cuda_fusion, burn::backend::Cuda, Default::default());

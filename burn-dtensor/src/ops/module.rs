@@ -71,7 +71,7 @@ fn batch_map_grad<B: Backend>(
 
 /// A per-shard output of kind `K` with its dim 0 cut to 0 (see [`run_batch`]).
 fn empty_batch<B: Backend, K: Kind<B>>(r: &K::P) -> K::P {
-    K::slice(r.clone(), &[burn::tensor::Slice::new(0, Some(0), 1)])
+    K::narrow(r.clone(), 0, 0..0)
 }
 
 /// `t` with size-1 dims prepended up to `rank` (Burn's `unsqueeze_leading` in its default
