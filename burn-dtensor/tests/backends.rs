@@ -1,7 +1,7 @@
 //! The equivalence suite written once, generic over the inner backend, and run on every
 //! available backend against NdArray on the whole tensor (the oracle): Flex always, Wgpu with
 //! the `wgpu` feature (CI runs it on Mesa's software Vulkan device, `WgpuDevice::Cpu`), Cuda
-//! with the `cuda` feature on a machine with a GPU.
+//! with the `cuda` feature on a machine with a GPU (and fused Cuda with `cuda,fusion`).
 //!
 //! Shapes are chosen uneven (dims not divisible by their mesh axis) and data are multiples of
 //! 1/8 so sums are exact in any order; tolerances only absorb transcendental rounding.
