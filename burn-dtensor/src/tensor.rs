@@ -449,8 +449,7 @@ pub trait Kind<B: Backend>: 'static {
         if range.is_empty() && !matches!(dtype, DType::QFloat(_)) {
             let mut dims: Vec<usize> = shape.iter().copied().collect();
             dims[dim] = 0;
-            let none = TensorData::from_bytes_vec(Vec::new(), dims, dtype);
-            return Self::from_data(none, &Self::device(&t));
+            return Self::empty(dims, dtype, &Self::device(&t));
         }
         let range = if range.is_empty() { 0..0 } else { range };
         let slices: Vec<Slice> = (0..shape.num_dims())
@@ -463,6 +462,17 @@ pub trait Kind<B: Backend>: 'static {
             })
             .collect();
         Self::slice(t, &slices)
+    }
+    /// A primitive of `shape` (with a 0 in it) and `dtype` on `device`, made from no bytes. Every
+    /// empty shard the decorator makes comes from here, never from a slice or a kernel: on Cuda,
+    /// `burn-cubecl` copies an unaligned empty slice with a launch of 0 cubes, which the driver
+    /// refuses (`CUDA_ERROR_INVALID_VALUE`). Not for quantized dtypes (their bytes carry a scale).
+    fn empty(shape: Vec<usize>, dtype: DType, device: &B::Device) -> Self::P {
+        debug_assert!(
+            shape.contains(&0),
+            "an empty primitive has a 0 in its shape"
+        );
+        Self::from_data(TensorData::from_bytes_vec(Vec::new(), shape, dtype), device)
     }
     /// The device of a primitive.
     fn device(t: &Self::P) -> B::Device;

@@ -139,12 +139,7 @@ fn run_shards<B: Backend, KO: Kind<B>, I: Send + Clone>(
     shards
         .into_iter()
         .zip(local)
-        .map(|(r, shape)| {
-            r.unwrap_or_else(|d| {
-                let none = burn::tensor::TensorData::from_bytes_vec(Vec::new(), shape, dtype);
-                KO::from_data(none, &d)
-            })
-        })
+        .map(|(r, shape)| r.unwrap_or_else(|d| KO::empty(shape, dtype, &d)))
         .collect()
 }
 
