@@ -245,9 +245,18 @@ where
     I::Device: 'static,
 {
     let dims = (1200, 48, 2);
+    // `DTENSOR_BENCH_MODES=model` (or `single,spatial`): those modes alone, for a profiler
+    // (ratios are to the first mode listed).
+    let only = std::env::var("DTENSOR_BENCH_MODES").ok();
     let mut contenders: Vec<(Mode, Stepper)> =
         [Mode::Single, Mode::Data, Mode::Model, Mode::Spatial]
             .into_iter()
+            .filter(|m| {
+                only.as_deref().is_none_or(|o| {
+                    o.split(',')
+                        .any(|w| w.trim() == format!("{m:?}").to_lowercase())
+                })
+            })
             .map(|mode| {
                 let run = match mode {
                     Mode::Single => stepper(
@@ -277,13 +286,17 @@ where
         v[v.len() / 2]
     };
     println!("imdb/{backend}: {rounds} interleaved rounds of {steps} steps");
+    let first = contenders
+        .first()
+        .map(|(m, _)| format!("{m:?}").to_lowercase())
+        .expect("DTENSOR_BENCH_MODES names at least one of single, data, model, spatial");
     for (i, (mode, _)) in contenders.iter().enumerate() {
         let ratios: Vec<f64> = (0..rounds).map(|r| times[i][r] / times[0][r]).collect();
         let (lo, hi) = ratios
             .iter()
             .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
         println!(
-            "  {:<8} {:>8.1} us  x{:.3} of single (rounds {lo:.3}-{hi:.3})",
+            "  {:<8} {:>8.1} us  x{:.3} of {first} (rounds {lo:.3}-{hi:.3})",
             format!("{mode:?}").to_lowercase(),
             median(times[i].clone()) * 1e6,
             median(ratios),
