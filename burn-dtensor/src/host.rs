@@ -99,6 +99,25 @@ impl HostBuffer {
             Words::B8(v) => bytemuck::cast_slice(v),
         }
     }
+    /// The row-major host tensor of `shape` and `dtype` in `src` permuted by `order`
+    /// (`permute(order)` materialised row-major), copied by the runs of
+    /// [`for_each_permuted_run`] in one loop per element width (no indirect call per run: the
+    /// model step's side-by-side weights copy 2,400 runs of 96 bytes a step). `None` when `src`
+    /// is not aligned for `dtype`'s elements.
+    pub fn permuted(src: &[u8], dtype: DType, shape: &[usize], order: &[usize]) -> Option<Self> {
+        fn go<W: bytemuck::Pod>(src: &[u8], shape: &[usize], order: &[usize]) -> Option<Vec<W>> {
+            let src: &[W] = bytemuck::try_cast_slice(src).ok()?;
+            let mut out = Vec::with_capacity(shape.iter().product());
+            for_each_permuted_run(shape, order, |s, n| out.extend_from_slice(&src[s..s + n]));
+            Some(out)
+        }
+        Some(HostBuffer(match dtype.size() {
+            2 => Words::B2(go(src, shape, order)?),
+            4 => Words::B4(go(src, shape, order)?),
+            8 => Words::B8(go(src, shape, order)?),
+            _ => Words::B1(go(src, shape, order)?),
+        }))
+    }
     /// A buffer of `dtype` elements copied from `src` (a host tensor's bytes) run by run:
     /// `runs` is handed a sink and calls it with each `(start, len)` in elements, in output
     /// order. The buffer is never zeroed first (half of the cost of a fresh buffer the copies
@@ -498,20 +517,31 @@ pub fn copy_strided(
 /// one call per run of the trailing dims that keep their place, so a copy by runs goes at
 /// memory speed where a strided view's materialisation walks it element by element
 /// ([`permute_run`] gives the run length: a caller may prefer another path when it is short).
-pub fn for_each_permuted_run(shape: &[usize], order: &[usize], f: &mut dyn FnMut(usize, usize)) {
+pub fn for_each_permuted_run(shape: &[usize], order: &[usize], mut f: impl FnMut(usize, usize)) {
     let lead = moved_dims(order);
     let run = permute_run(shape, order);
     let st = strides(shape);
-    let out_shape: Vec<usize> = order[..lead].iter().map(|&d| shape[d]).collect();
-    let count: usize = out_shape.iter().product();
-    let mut idx = vec![0usize; lead];
-    for _ in 0..count {
-        f((0..lead).map(|i| idx[i] * st[order[i]]).sum(), run);
-        for i in (0..lead).rev() {
+    // (extent, input stride) of each moved output dim; the input offset follows an odometer
+    // over them (one add per run, not a sum over the dims).
+    let dims: Vec<(usize, usize)> = order[..lead].iter().map(|&d| (shape[d], st[d])).collect();
+    if dims.iter().any(|&(n, _)| n == 0) {
+        return;
+    }
+    let (mut idx, mut at) = (vec![0usize; lead], 0usize);
+    loop {
+        f(at, run);
+        let mut i = lead;
+        loop {
+            if i == 0 {
+                return;
+            }
+            i -= 1;
             idx[i] += 1;
-            if idx[i] < out_shape[i] {
+            at += dims[i].1;
+            if idx[i] < dims[i].0 {
                 break;
             }
+            at -= dims[i].1 * dims[i].0;
             idx[i] = 0;
         }
     }

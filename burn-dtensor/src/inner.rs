@@ -579,10 +579,13 @@ fn product_dims(a: &[usize], b: &[usize]) -> Option<(Vec<usize>, (usize, usize, 
 /// arguments (`alpha` 0, `beta` 1, strides as the operands lie, `Parallelism::None`), into a
 /// row-major output that is written, never read (`read_dst` false, as Flex passes it; not
 /// zeroed first: the memset was ~1% of the spatial step): bitwise Flex's result (tested
-/// below). `None`, and Flex's own matmul, for rank 2, one matrix, an empty dim, other dtypes,
-/// shapes Flex would reject, a matrix of 192^3 multiply-adds or more (Flex then threads the
-/// GEMM itself) and a product whose multiply-adds / [`MATMUL_WORK_PER_ELEMENT`] reach
-/// [`par_min`], the decorator's own bar for the pool.
+/// below). One matrix too (rank 2, or a batch of one: the side-by-side product of
+/// `stack::side_by_side`): Flex's matmul makes its output with `FlexTensor::empty`, which
+/// zeroes a byte buffer and copies it into an aligned one, 2 x 230 KB for the model step's
+/// `[1200, 64] @ [64, 48]` weight gradient. `None`, and Flex's own matmul, for an empty dim,
+/// other dtypes, shapes Flex would reject, a matrix of 192^3 multiply-adds or more (Flex then
+/// threads the GEMM itself) and a product whose multiply-adds / [`MATMUL_WORK_PER_ELEMENT`]
+/// reach [`par_min`], the decorator's own bar for the pool.
 #[cfg(feature = "flex")]
 fn flex_batched_serial(
     a: &burn_flex::FlexTensor,
@@ -591,14 +594,13 @@ fn flex_batched_serial(
     use burn::tensor::DType;
     let r = a.layout().shape().len();
     let (batch, (m, k, n)) = product_dims(a.layout().shape(), b.layout().shape())?;
-    if r < 3 || a.dtype() != b.dtype() || m == 0 || k == 0 || n == 0 {
+    if a.dtype() != b.dtype() || m == 0 || k == 0 || n == 0 {
         return None;
     }
     let matrices: usize = batch.iter().product();
     let per_matrix = m.checked_mul(n)?.checked_mul(k)?;
     // Flex's `PARALLEL_THRESHOLD`: a matrix this large is threaded inside the GEMM.
-    if matrices < 2
-        || per_matrix >= 192 * 192 * 192
+    if per_matrix >= 192 * 192 * 192
         || per_matrix.saturating_mul(matrices) / MATMUL_WORK_PER_ELEMENT >= par_min()
     {
         return None;
@@ -1299,11 +1301,25 @@ mod tests {
         let bad = prim(Tensor::<Flex, 4>::ones([3, 3, 300, 2], &d));
         assert!(super::matmul_strided(&prim(x.clone()), &bad).is_none());
         let one = |shape: [usize; 3]| prim(Tensor::<Flex, 3>::ones(shape, &d));
-        assert!(super::matmul_strided(&one([1, 4, 5]), &one([1, 5, 6])).is_none());
         assert!(super::matmul_strided(&one([2, 0, 5]), &one([2, 5, 6])).is_none());
         assert!(super::matmul_strided(&one([2, 192, 192]), &one([2, 192, 192])).is_none());
         let two = |shape: [usize; 2]| prim(Tensor::<Flex, 2>::ones(shape, &d));
-        assert!(super::matmul_strided(&two([4, 5]), &two([5, 6])).is_none());
+        assert!(super::matmul_strided(&two([192, 192]), &two([192, 192])).is_none());
+        // One matrix (a batch of one, the side-by-side product of `stack::side_by_side`, and
+        // rank 2), its lhs transposed as a weight gradient's `x^T`: Flex's own bits.
+        let x = Tensor::<Flex, 3>::random([1, 64, 1200], Distribution::Normal(0.0, 1.0), &d);
+        let g = Tensor::<Flex, 3>::random([1, 64, 48], Distribution::Normal(0.0, 1.0), &d);
+        let xt = x.clone().swap_dims(1, 2);
+        let want = Flex::float_matmul(prim(xt.clone()), prim(g.clone()));
+        let got = super::matmul_strided(&prim(xt), &prim(g.clone())).expect("one matrix");
+        assert_eq!(data::<3>(got), data::<3>(want));
+        let (x2, w2) = (
+            x.reshape([64, 1200]),
+            Tensor::<Flex, 2>::random([1200, 48], Distribution::Normal(0.0, 1.0), &d),
+        );
+        let want = Flex::float_matmul(prim(x2.clone()), prim(w2.clone()));
+        let got = super::matmul_strided(&prim(x2), &prim(w2)).expect("rank 2");
+        assert_eq!(data::<2>(got), data::<2>(want));
     }
 
     #[test]

@@ -339,8 +339,9 @@ pub fn output<P: TensorMetadata>(
 /// The fold is a free reshape when those axes come after the axes both operands use (always
 /// the case in the IMDB layouts); the result is unfolded back, with a permuted view when the
 /// rhs uses axes of its own (not on backends that [`prefer_dense`], where strided operands are
-/// slow). Otherwise, and for axes both use (one partial product per shard: a weight gradient
-/// over a sharded batch), it is the inner batched matmul `f`, which broadcasts the mesh dims.
+/// slow: there the rhs' own axes fold into the columns instead, [`side_by_side`]). Otherwise,
+/// and for axes both use (one partial product per shard: a weight gradient over a sharded
+/// batch), it is the inner batched matmul `f`, which broadcasts the mesh dims.
 pub fn matmul<B: Backend, K: Kind<B>>(
     x: K::P,
     y: K::P,
@@ -351,14 +352,16 @@ pub fn matmul<B: Backend, K: Kind<B>>(
     if xs.len() != ks + 2 {
         return f(x, y);
     }
+    let rhs_only: Vec<usize> = (0..ks).filter(|&a| xs[a] == 1 && ys[a] > 1).collect();
+    if !rhs_only.is_empty() && prefer_dense::<B>() {
+        return side_by_side::<B, K>(x, y, ks, &rhs_only, f);
+    }
     let lhs_only: Vec<usize> = (0..ks).filter(|&a| xs[a] > 1 && ys[a] == 1).collect();
     let both_last = (0..ks).filter(|&a| xs[a] > 1 && ys[a] > 1).max();
-    let rhs_own = (0..ks).any(|a| xs[a] == 1 && ys[a] > 1);
     // A permuted lhs (`x^T` rows received by an all-to-all, `[4, 150, 64]` viewed from
     // `[4, 64, 150]`) would be copied by the fold's reshape: its products run as it lies.
     if lhs_only.is_empty()
         || both_last.is_some_and(|b| b > lhs_only[0])
-        || (rhs_own && prefer_dense::<B>())
         || crate::inner::row_major_order(&x).is_some()
     {
         return f(x, y);
@@ -394,6 +397,71 @@ pub fn matmul<B: Backend, K: Kind<B>>(
         .chain([ks, ks + 1])
         .collect();
     crate::collective::stacked::permute::<B, K>(K::reshape(out, Shape::from(split)), &order)
+}
+
+/// [`matmul`] with the mesh axes `rhs_only` (those only the rhs uses: a model axis, one weight
+/// shard per index, every shard multiplying the same lhs rows) folded into the columns: the rhs
+/// shards laid side by side (`[.., R.., k, n] -> [.., k, R*n]`, one copy by contiguous runs of
+/// `n`), one product with the whole width, and the output's columns split back into the axes
+/// (`[.., m, R*n] -> [.., R.., m, n]`, a copy by runs of `n` again). This is the single
+/// device's GEMM: the IMDB model step's `[64, 1200] @ [1200, 48]` instead of eight (or two)
+/// products of width 24, which the `gemm` crate computes with half-empty 16-row tiles
+/// (`x1x6` kernels: `[16, 1200] @ [1200, 24]` x 8 took 87 µs against 75 µs side by side,
+/// copies included, and 69 µs for the single device's product; NOTES.md, session 62).
+/// Every output element is the same dot product over `k`, in the same order (`gemm` blocks
+/// `k` by the cache sizes and kernel, never by `m` or `n`). For backends that
+/// [`prefer_dense`] (Flex): elsewhere the copies cost more than the wider GEMM saves
+/// (NdArray's `matrixmultiply` has no half-empty tiles at `n = 24`).
+fn side_by_side<B: Backend, K: Kind<B>>(
+    x: K::P,
+    y: K::P,
+    ks: usize,
+    rhs_only: &[usize],
+    f: impl Fn(K::P, K::P) -> K::P,
+) -> K::P {
+    let ys = y.shape().to_vec();
+    let (k, n) = (ys[ks], ys[ks + 1]);
+    let rest: Vec<usize> = (0..ks).filter(|a| !rhs_only.contains(a)).collect();
+    let wide: usize = rhs_only.iter().map(|&a| ys[a]).product();
+    // [rest.., k, R.., n], then [mesh dims with 1 at the rhs-only axes, k, R*n].
+    let order: Vec<usize> = rest
+        .iter()
+        .copied()
+        .chain([ks])
+        .chain(rhs_only.iter().copied())
+        .chain([ks + 1])
+        .collect();
+    let mut flat: Vec<usize> = (0..ks)
+        .map(|a| if rhs_only.contains(&a) { 1 } else { ys[a] })
+        .collect();
+    flat.extend([k, wide * n]);
+    let y = K::reshape(
+        crate::collective::stacked::permute::<B, K>(y, &order),
+        Shape::from(flat),
+    );
+    // No axis is the rhs' own now: the lhs-only axes fold into the rows as usual.
+    let out = matmul::<B, K>(x, y, ks, f);
+    let os = out.shape().to_vec();
+    // [rest.., m, R.., n] -> mesh order, then [m, n].
+    let split: Vec<usize> = rest
+        .iter()
+        .map(|&a| os[a])
+        .chain([os[ks]])
+        .chain(rhs_only.iter().map(|&a| ys[a]))
+        .chain([n])
+        .collect();
+    let nr = rest.len();
+    let back: Vec<usize> = (0..ks)
+        .map(|a| match rhs_only.iter().position(|&b| b == a) {
+            Some(j) => nr + 1 + j,
+            None => rest
+                .iter()
+                .position(|&b| b == a)
+                .expect("every axis listed"),
+        })
+        .chain([nr, nr + 1 + rhs_only.len()])
+        .collect();
+    crate::collective::stacked::permute::<B, K>(K::reshape(out, Shape::from(split)), &back)
 }
 
 /// The sum over mesh axes `axes` of the stacked matmul `[s.., b.., m, k] @ [t.., b.., k, n]`
@@ -471,7 +539,9 @@ pub fn contract<B: Backend, K: Kind<B>>(
     let y = merge(y);
     // Folding lhs-only axes into rows would leave a permuted output when the rhs has axes of its
     // own; the batched matmul gives it contiguous (it is a weight gradient the update reads).
-    if (0..ks).any(|a| x.shape()[a] == 1 && y.shape()[a] > 1) {
+    // Backends that prefer dense operands lay the rhs' own axes side by side instead
+    // ([`side_by_side`], inside [`matmul`]), whose output is contiguous too.
+    if (0..ks).any(|a| x.shape()[a] == 1 && y.shape()[a] > 1) && !prefer_dense::<B>() {
         f(x, y)
     } else {
         matmul::<B, K>(x, y, ks, f)

@@ -368,9 +368,7 @@ pub(crate) fn dense_permute<B: Backend, K: Kind<B>>(x: &K::P, order: &[usize]) -
         return None;
     }
     let src = crate::inner::host_bytes(x)?;
-    let out = crate::host::HostBuffer::collect_runs(src, dtype, shape.iter().product(), |sink| {
-        crate::host::for_each_permuted_run(&shape, order, sink)
-    })?;
+    let out = crate::host::HostBuffer::permuted(src, dtype, &shape, order)?;
     let out_shape: Vec<usize> = order.iter().map(|&i| shape[i]).collect();
     Some(K::from_data(out.into_data(out_shape, dtype), &K::device(x)))
 }
