@@ -409,9 +409,11 @@ pub fn matmul<B: Backend, K: Kind<B>>(
 /// (`x1x6` kernels: `[16, 1200] @ [1200, 24]` x 8 took 87 µs against 75 µs side by side,
 /// copies included, and 69 µs for the single device's product; NOTES.md, session 62).
 /// Every output element is the same dot product over `k`, in the same order (`gemm` blocks
-/// `k` by the cache sizes and kernel, never by `m` or `n`). For backends that
-/// [`prefer_dense`] (Flex): elsewhere the copies cost more than the wider GEMM saves
-/// (NdArray's `matrixmultiply` has no half-empty tiles at `n = 24`).
+/// `k` by the cache sizes and kernel, never by `m` or `n`). Only for backends that
+/// [`prefer_dense`] (Flex), where it was measured: on NdArray the products keep their fold
+/// into rows with a permuted output, and CubeCL backends pick their tiles per shape. The two
+/// copies take back most of what the wider GEMM saves (the model step 1-4 µs faster, NOTES.md
+/// session 62).
 fn side_by_side<B: Backend, K: Kind<B>>(
     x: K::P,
     y: K::P,
