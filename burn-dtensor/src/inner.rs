@@ -569,7 +569,7 @@ fn product_dims(a: &[usize], b: &[usize]) -> Option<(Vec<usize>, (usize, usize, 
     Some((batch, (a[r - 2], a[r - 1], b[r - 1])))
 }
 
-/// Flex's batched product (`[.., m, k] @ [.., k, n]`, rank 3 or more, batch dims equal or 1, f32
+/// Flex's batched product (`[.., m, k] @ [.., k, n]`, rank 2 or more, batch dims equal or 1, f32
 /// or f64, any strides) with its matrices computed one after the other on the calling thread.
 /// Flex (with its `rayon` feature, which `burn-train` turns on) spreads the matrices of a batch
 /// over rayon's pool once the whole product reaches 128^3 multiply-adds, each matrix one
@@ -1242,8 +1242,9 @@ mod tests {
     /// [`super::matmul_strided`] on Flex against Flex's own `float_matmul`, bitwise: batched
     /// products (batches of 2 to 8 matrices, one of them large enough that Flex runs it on
     /// rayon's pool), f32 and f64, each operand row-major or with its last two dims swapped, a
-    /// broadcast batch dim, a sliced (offset) operand, and the products left to Flex (`None`:
-    /// rank 2, one matrix, an empty dim, mismatched shapes, a matrix of 192^3 multiply-adds).
+    /// broadcast batch dim, a sliced (offset) operand, one matrix (a batch of one with a
+    /// transposed lhs, and rank 2), and the products left to Flex (`None`: an empty dim,
+    /// mismatched shapes, a matrix of 192^3 multiply-adds).
     #[test]
     #[cfg(feature = "flex")]
     fn flex_batched_matmul_is_bitwise_flexs() {
