@@ -327,23 +327,63 @@ macro_rules! ndarray_view {
 
 /// Primitive `t` reshaped to `shape` as a view of its storage, where the inner backend's own
 /// reshape would copy: NdArray's arrays in row-major (standard) layout, whose `reshape` returns
-/// a copy even then ([`reshape_copies`]). The view shares `t`'s storage (NdArray's arrays are
+/// a copy even then ([`reshape_copies`]); Flex tensors whose dims of more than one element are
+/// row-major and contiguous whatever the strides of their dims of size 1 (Flex's reshape copies
+/// those). The view shares `t`'s storage (NdArray's arrays are
 /// reference-counted and copy on write), so the values are those of the backend's reshape and
 /// dropping `t` leaves the view the storage's only owner. `None` for every other backend, for a
 /// permuted or strided array and for a `shape` of another element count: the caller uses the
 /// backend's reshape then. Every reshape of the decorator goes through here first
 /// ([`crate::tensor::Kind::reshape`]): in the stacked matmul and its contraction these copies
 /// were 3-4% of the 8-device model-parallel IMDB step (NOTES.md).
-pub fn reshape_view<P: 'static>(t: &P, shape: &[usize]) -> Option<P> {
+pub fn reshape_view<P: 'static>(t: &P, shape: &burn::tensor::Shape) -> Option<P> {
     #[cfg(feature = "ndarray")]
+    if let Some(v) = ndarray_view!(t, |a| a
+        .into_shape_with_order(ndarray::IxDyn(&shape[..]))
+        .ok())
     {
-        return ndarray_view!(t, |a| a.into_shape_with_order(ndarray::IxDyn(shape)).ok());
+        return Some(v);
     }
-    #[allow(unreachable_code)]
-    {
-        let _ = (t, shape);
-        None
+    #[cfg(feature = "flex")]
+    if let Some(f) = (t as &dyn std::any::Any).downcast_ref::<burn_flex::FlexTensor>() {
+        let l = f.layout();
+        if shape.num_elements() != l.num_elements() || !big_dims_row_major(l.shape(), l.strides()) {
+            return None;
+        }
+        let mut strides = vec![0isize; shape.len()];
+        let mut step = 1isize;
+        for (s, &d) in strides.iter_mut().zip(shape.iter()).rev() {
+            *s = step;
+            step *= d as isize;
+        }
+        let layout = burn_flex::Layout::new(shape.clone(), strides, l.start_offset());
+        return (Box::new(f.clone().with_layout(layout)) as Box<dyn std::any::Any>)
+            .downcast::<P>()
+            .ok()
+            .map(|p| *p);
     }
+    let _ = (t, shape);
+    None
+}
+
+/// Whether a strided layout of `shape` is row-major and contiguous once its dims of size 1 are
+/// left out (their strides say nothing): Flex's own `is_contiguous` also asks for the strides of
+/// those dims, so a permuted view that only moved them, or a view whose dims of more than one
+/// element lie in order in memory (a side-by-side weight permuted back, `stack::side_by_side`),
+/// would be copied by its reshape.
+#[cfg(feature = "flex")]
+fn big_dims_row_major(shape: &[usize], strides: &[isize]) -> bool {
+    let mut expect = 1isize;
+    for (&d, &s) in shape.iter().zip(strides).rev() {
+        if d == 1 {
+            continue;
+        }
+        if s != expect {
+            return false;
+        }
+        expect *= d as isize;
+    }
+    true
 }
 
 /// `shape` with its first `n` dims merged into one, for an op along dim `n` of a stacked
@@ -1055,7 +1095,7 @@ mod tests {
             TensorPrimitive::Float(p) => p,
             TensorPrimitive::QFloat(_) => unreachable!(),
         };
-        let view: N = super::reshape_view(&p, &[3, 2]).expect("row-major");
+        let view: N = super::reshape_view(&p, &[3, 2].into()).expect("row-major");
         assert_eq!(
             super::host_bytes(&view).map(<[u8]>::as_ptr),
             super::host_bytes(&p).map(<[u8]>::as_ptr),
@@ -1070,13 +1110,13 @@ mod tests {
             p.clone(),
             &[burn::tensor::Slice::from(1..2)],
         );
-        let flat: N = super::reshape_view(&row, &[3]).expect("contiguous rows");
+        let flat: N = super::reshape_view(&row, &[3].into()).expect("contiguous rows");
         let flat = Tensor::<NdArray, 1>::from_primitive(TensorPrimitive::Float(flat));
         flat.into_data().assert_eq(&[4.0f32, 5.0, 6.0].into(), true);
         // Int and bool.
         let it = Tensor::<NdArray, 2, Int>::from_data([[1, 2], [3, 4]], &d);
         let i = it.clone().into_primitive();
-        let iv: N = super::reshape_view(&i, &[4]).expect("row-major ints");
+        let iv: N = super::reshape_view(&i, &[4].into()).expect("row-major ints");
         let iv = <NdArray as IntTensorOps<NdArray>>::int_into_data(iv);
         assert_eq!(
             burn::tensor::read_sync(iv)
@@ -1087,12 +1127,12 @@ mod tests {
             4
         );
         let b = it.equal_elem(2).reshape([1, 4]).into_primitive();
-        assert!(super::reshape_view(&b, &[2, 2]).is_some());
+        assert!(super::reshape_view(&b, &[2, 2].into()).is_some());
         // Not for a transposed view, a wrong element count or another backend.
         let tp = <NdArray as FloatTensorOps<NdArray>>::float_swap_dims(p.clone(), 0, 1);
-        assert!(super::reshape_view(&tp, &[6]).is_none());
-        assert!(super::reshape_view(&p, &[4]).is_none());
-        assert!(super::reshape_view(&0u32, &[1]).is_none());
+        assert!(super::reshape_view(&tp, &[6].into()).is_none());
+        assert!(super::reshape_view(&p, &[4].into()).is_none());
+        assert!(super::reshape_view(&0u32, &[1].into()).is_none());
         // A unique array is downloaded by the backend (its buffer moved out).
         drop((view, row, tp));
         assert!(super::shared_host_data(&p).is_none());
@@ -1245,6 +1285,44 @@ mod tests {
     /// broadcast batch dim, a sliced (offset) operand, one matrix (a batch of one with a
     /// transposed lhs, and rank 2), and the products left to Flex (`None`: an empty dim,
     /// mismatched shapes, a matrix of 192^3 multiply-adds).
+    /// Flex: a view whose dims of more than one element lie row-major in memory (a weight's
+    /// shards side by side, `[600, 2, 24]` viewed as `[1, 2, 600, 24]` and permuted back)
+    /// reshapes as a view of the same bytes, with the values of Flex's own reshape of the
+    /// row-major copy; a real permuted view, a wrong element count and a slice with a gap do not.
+    #[test]
+    #[cfg(feature = "flex")]
+    fn flex_reshape_views_skip_unit_dims_strides() {
+        use burn::backend::Flex;
+        use burn::tensor::{Distribution, Tensor, TensorPrimitive};
+        let d = Default::default();
+        let buf = Tensor::<Flex, 4>::random([1, 600, 2, 24], Distribution::Default, &d);
+        // The stack's order `[1, 2, 600, 24]`, then back to memory order: the big dims are
+        // row-major, the unit dim's stride is not the one Flex's contiguity check asks for.
+        let side = buf.clone().permute([0, 2, 1, 3]);
+        let back: burn_flex::FlexTensor =
+            side.clone().permute([2, 0, 1, 3]).into_primitive().tensor();
+        assert!(
+            !back.is_contiguous(),
+            "the unit dim's stride is off: {:?}",
+            back.layout()
+        );
+        let view = super::reshape_view(&back, &[600, 48].into()).expect("big dims row-major");
+        assert_eq!(
+            super::host_bytes(&view).map(<[u8]>::as_ptr),
+            super::host_bytes(&buf.clone().into_primitive().tensor()).map(<[u8]>::as_ptr),
+            "a view of the same bytes"
+        );
+        let got = Tensor::<Flex, 2>::from_primitive(TensorPrimitive::Float(view)).into_data();
+        got.assert_eq(&buf.clone().reshape([600, 48]).into_data(), true);
+        // Not for the stack's own order (a real permutation), a wrong count, or a gap.
+        let side: burn_flex::FlexTensor = side.into_primitive().tensor();
+        assert!(super::reshape_view(&side, &[2, 600 * 24].into()).is_none());
+        let whole: burn_flex::FlexTensor = buf.clone().into_primitive().tensor();
+        assert!(super::reshape_view(&whole, &[600, 47].into()).is_none());
+        let gap: burn_flex::FlexTensor = buf.narrow(3, 0, 12).into_primitive().tensor();
+        assert!(super::reshape_view(&gap, &[600, 24].into()).is_none());
+    }
+
     #[test]
     #[cfg(feature = "flex")]
     fn flex_batched_matmul_is_bitwise_flexs() {

@@ -348,13 +348,26 @@ pub fn matmul<B: Backend, K: Kind<B>>(
     ks: usize,
     f: impl Fn(K::P, K::P) -> K::P,
 ) -> K::P {
+    matmul_out::<B, K>(x, y, ks, false, f)
+}
+
+/// [`matmul`]; with `side_by_side_out`, a product whose rhs shards run side by side
+/// ([`side_by_side`]) returns its output as it lies (a permuted view of `[.., m, R*n]`), not
+/// copied into the stack's order.
+fn matmul_out<B: Backend, K: Kind<B>>(
+    x: K::P,
+    y: K::P,
+    ks: usize,
+    side_by_side_out: bool,
+    f: impl Fn(K::P, K::P) -> K::P,
+) -> K::P {
     let (xs, ys) = (x.shape().to_vec(), y.shape().to_vec());
     if xs.len() != ks + 2 {
         return f(x, y);
     }
     let rhs_only: Vec<usize> = (0..ks).filter(|&a| xs[a] == 1 && ys[a] > 1).collect();
     if !rhs_only.is_empty() && prefer_dense::<B>() {
-        return side_by_side::<B, K>(x, y, ks, &rhs_only, f);
+        return side_by_side::<B, K>(x, y, ks, &rhs_only, side_by_side_out, f);
     }
     let lhs_only: Vec<usize> = (0..ks).filter(|&a| xs[a] > 1 && ys[a] == 1).collect();
     let both_last = (0..ks).filter(|&a| xs[a] > 1 && ys[a] > 1).max();
@@ -411,14 +424,20 @@ pub fn matmul<B: Backend, K: Kind<B>>(
 /// Every output element is the same dot product over `k`, in the same order (`gemm` blocks
 /// `k` by the cache sizes and kernel, never by `m` or `n`). Only for backends that
 /// [`prefer_dense`] (Flex), where it was measured: on NdArray the products keep their fold
-/// into rows with a permuted output, and CubeCL backends pick their tiles per shape. The two
-/// copies take back most of what the wider GEMM saves (the model step 1-4 µs faster, NOTES.md
-/// session 62).
+/// into rows with a permuted output, and CubeCL backends pick their tiles per shape.
+///
+/// The rhs copy is skipped where the rhs already lies side by side (a permuted view of
+/// `[.., k, R.., n]`: `collective::stacked::permute` returns the view). With `view_out` (a
+/// weight gradient, [`contract`]) the output is returned as it lies too, a permuted view of
+/// `[.., m, R*n]`, so that the weight updated with it is stored side by side and no 57,600-float
+/// copy is left in the IMDB model step (both copies took back most of what the wider GEMM
+/// saves, NOTES.md sessions 62-63).
 fn side_by_side<B: Backend, K: Kind<B>>(
     x: K::P,
     y: K::P,
     ks: usize,
     rhs_only: &[usize],
+    view_out: bool,
     f: impl Fn(K::P, K::P) -> K::P,
 ) -> K::P {
     let ys = y.shape().to_vec();
@@ -463,7 +482,12 @@ fn side_by_side<B: Backend, K: Kind<B>>(
         })
         .chain([nr, nr + 1 + rhs_only.len()])
         .collect();
-    crate::collective::stacked::permute::<B, K>(K::reshape(out, Shape::from(split)), &back)
+    let out = K::reshape(out, Shape::from(split));
+    if view_out {
+        K::permute(out, &back)
+    } else {
+        crate::collective::stacked::permute::<B, K>(out, &back)
+    }
 }
 
 /// The sum over mesh axes `axes` of the stacked matmul `[s.., b.., m, k] @ [t.., b.., k, n]`
@@ -542,11 +566,13 @@ pub fn contract<B: Backend, K: Kind<B>>(
     // Folding lhs-only axes into rows would leave a permuted output when the rhs has axes of its
     // own; the batched matmul gives it contiguous (it is a weight gradient the update reads).
     // Backends that prefer dense operands lay the rhs' own axes side by side instead
-    // ([`side_by_side`], inside [`matmul`]), whose output is contiguous too.
+    // ([`side_by_side`]) and keep the output as the product wrote it, the shards side by side:
+    // the update `w - lr * g` then runs on it in that order and leaves the weight so, and the
+    // next forward reads it without a copy.
     if (0..ks).any(|a| x.shape()[a] == 1 && y.shape()[a] > 1) && !prefer_dense::<B>() {
         f(x, y)
     } else {
-        matmul::<B, K>(x, y, ks, f)
+        matmul_out::<B, K>(x, y, ks, true, f)
     }
 }
 

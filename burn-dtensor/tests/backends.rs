@@ -468,11 +468,38 @@ pub fn narrow_model_products<I: Backend>(device: I::Device) {
         let g = put(&dx, ["a", "unsharded"])
             .transpose()
             .matmul(put(&dy, ["a", "b"]));
+        let g_inner = inner(&dx).transpose().matmul(inner(&dy));
         check(
-            g.into_data(),
-            inner(&dx).transpose().matmul(inner(&dy)).into_data(),
+            g.clone().into_data(),
+            g_inner.clone().into_data(),
             exact && !per_device,
         );
+        // SGD's update with it, twice, and the forward with the updated weight: on Flex the
+        // gradient's shards stay side by side as the product wrote them (`stack::side_by_side`),
+        // the first update mixes that order with the row-major weight, the second meets two
+        // side-by-side operands, and the forward reads the weight as it lies. Element-wise ops
+        // and the whole-width product: the inner backend's bits on the whole tensors.
+        let (mut w, mut w_inner) = (put(&dw, ["unsharded", "b"]), inner(&dw));
+        for _ in 0..2 {
+            w = w - g.clone().mul_scalar(1e-2);
+            w_inner = w_inner - g_inner.clone().mul_scalar(1e-2);
+            check(
+                w.clone().into_data(),
+                w_inner.clone().into_data(),
+                exact && !per_device,
+            );
+        }
+        let y = put(&dx, ["a", "unsharded"]).matmul(w.clone());
+        check(
+            y.into_data(),
+            inner(&dx).matmul(w_inner.clone()).into_data(),
+            exact && !per_device,
+        );
+        // And the updated weight's values per shard (its shards are views of one buffer).
+        for (i, s) in w.to_local_shards().into_iter().enumerate() {
+            let want = w_inner.clone().narrow(1, (i % 2) * 24, 24);
+            check(s.into_data(), want.into_data(), exact && !per_device);
+        }
         // A spatial weight gradient: the batch contracted over `a`, the input's features on
         // `b`, so merging `a` into the contracting dim moves it inside `b` (`stack::contract`;
         // on Flex the distributed input already holds its row blocks in that order,

@@ -329,7 +329,9 @@ pub(crate) fn permute_for_merge<B: Backend, K: Kind<B>>(x: K::P, order: &[usize]
 /// `permute(order)`, as a reshape when it only moves size-1 dims (the non-1 dims keep their
 /// order): the layout stays contiguous, which backends that test contiguity strictly (Flex:
 /// strides of size-1 dims included) need to keep later reshapes and element-wise ops on their
-/// fast paths.
+/// fast paths. On backends that [`prefer_dense`](crate::inner::prefer_dense) a permutation that
+/// leaves a permuted view row-major is that view, contiguous; any other is copied by runs
+/// ([`dense_permute`]) where it can be.
 pub(crate) fn permute<B: Backend, K: Kind<B>>(x: K::P, order: &[usize]) -> K::P {
     let xs = x.shape();
     if order.iter().enumerate().all(|(i, &o)| i == o) {
@@ -339,10 +341,18 @@ pub(crate) fn permute<B: Backend, K: Kind<B>>(x: K::P, order: &[usize]) -> K::P 
         let shape: Vec<usize> = order.iter().map(|&i| xs[i]).collect();
         return K::reshape(x, Shape::from(shape));
     }
-    if crate::inner::prefer_dense::<B>()
-        && let Some(p) = dense_permute::<B, K>(&x, order)
-    {
-        return p;
+    if crate::inner::prefer_dense::<B>() {
+        // Already row-major in `order` (a permuted view of a buffer laid out that way: a weight
+        // kept side by side, `stack::side_by_side`): the permuted view is that buffer.
+        if let Some(q) = crate::inner::row_major_order(&x)
+            && same_order_of_big_dims(&xs, &q, order)
+        {
+            let shape: Vec<usize> = order.iter().map(|&i| xs[i]).collect();
+            return K::reshape(K::permute(x, order), Shape::from(shape));
+        }
+        if let Some(p) = dense_permute::<B, K>(&x, order) {
+            return p;
+        }
     }
     K::permute(x, order)
 }

@@ -162,16 +162,16 @@ pub fn unary<B: Backend, KI: Kind<B>, KO: Kind<B>>(
 
 /// `f(x)` for an element-wise `f` on stacked primitive `x`. On a backend that prefers dense
 /// operands (Flex), a permuted view of a row-major buffer runs in its row-major dim order
-/// (`permute(x, q)`, a view, [`crate::inner::row_major_order`]) and the result is copied back
-/// into `x`'s dim order by contiguous runs (`collective::stacked::permute`): the same values
-/// (each element is computed alone), row-major as Flex's scalar ops return them. Such views are
-/// a `distribute`d input whose row blocks lie in order ([`crate::inner::row_blocks_in_memory`]:
-/// `[batch, model]` stacked as a permuted view of the global rows) and a transposed stacked
-/// tensor. Flex's scalar ops (`mul_scalar`, `add_scalar`, comparisons with a scalar, casts)
-/// walk a scalar strided iterator over such a view: `mul_scalar` of a `distribute`d
-/// `[batch, model]` `[64, 48]` on 8 devices took 15 µs against 0.5 µs on a fresh tensor
-/// (NOTES.md, session 60). Kept as the result's view instead, the copy would fall on the next
-/// binary op with a row-major operand, on its strided path (26 µs there). Runs of fewer than 8
+/// (`permute(x, q)`, a view, [`crate::inner::row_major_order`]) and the result is the same
+/// permuted view of the row-major result: the same values (each element is computed alone).
+/// Such views are a `distribute`d input whose row blocks lie in order
+/// ([`crate::inner::row_blocks_in_memory`]: `[batch, model]` stacked as a permuted view of the
+/// global rows), a transposed stacked tensor and a weight gradient kept side by side
+/// (`stack::side_by_side`). Flex's scalar ops (`mul_scalar`, `add_scalar`, comparisons with a
+/// scalar, casts) walk a scalar strided iterator over such a view: `mul_scalar` of a
+/// `distribute`d `[batch, model]` `[64, 48]` on 8 devices took 15 µs against 0.5 µs on a fresh
+/// tensor (NOTES.md, session 60). A binary op that meets the view next runs in its memory order
+/// too ([`in_memory_order2`]), copying a row-major operand by runs. Runs of fewer than 8
 /// elements, every other layout and backend: `f(x)`.
 fn in_memory_order<B: Backend, KI: Kind<B>, KO: Kind<B>>(
     x: KI::P,
@@ -185,10 +185,41 @@ fn in_memory_order<B: Backend, KI: Kind<B>, KO: Kind<B>>(
         let xs = x.shape();
         let in_memory: Vec<usize> = q.iter().map(|&i| xs[i]).collect();
         if stacked::permutes_by_runs(&in_memory, &back) {
-            return stacked::permute::<B, KO>(f(KI::permute(x, &q)), &back);
+            return KO::permute(f(KI::permute(x, &q)), &back);
         }
     }
     f(x)
+}
+
+/// `f(x, y)` for an element-wise `f` on stacked primitives of one shape, where one of them is a
+/// permuted view of a row-major buffer on a backend that prefers dense operands (Flex): both run
+/// in that view's memory order (the other operand copied into it by contiguous runs where it is
+/// not already laid out so, [`crate::collective::stacked::permute`]) and the result is the same
+/// permuted view of a row-major result. The same values (each element is computed alone), and
+/// the same layout on both sides of an update `w - lr * g` whose operands are kept side by side
+/// (`stack::side_by_side`), so no copy at all; Flex would walk a permuted operand through its
+/// scalar strided iterator. Runs of fewer than 8 elements, every other layout and backend:
+/// `f(x, y)`.
+fn in_memory_order2<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
+    x: K1::P,
+    y: K2::P,
+    f: impl FnOnce(K1::P, K2::P) -> KO::P,
+) -> KO::P {
+    if crate::inner::prefer_dense::<B>()
+        && let Some(q) =
+            crate::inner::row_major_order(&x).or_else(|| crate::inner::row_major_order(&y))
+    {
+        use crate::collective::stacked;
+        let back = crate::host::inverse_permutation(&q);
+        let xs = x.shape();
+        let in_memory: Vec<usize> = q.iter().map(|&i| xs[i]).collect();
+        if stacked::permutes_by_runs(&in_memory, &back) {
+            let x = stacked::permute::<B, K1>(x, &q);
+            let y = stacked::permute::<B, K2>(y, &q);
+            return KO::permute(f(x, y), &back);
+        }
+    }
+    f(x, y)
 }
 
 /// Whether `t` is held stacked, with no pending reduction, where the dispatcher would run an op
@@ -266,7 +297,7 @@ pub fn binary<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
         let crate::tensor::Shards::Stacked(y) = b.shards else {
             unreachable!("held_stacked: a stacked tensor")
         };
-        return map_stacked(a, |x| stacked(x, y));
+        return map_stacked(a, |x| in_memory_order2::<B, K1, K2, KO>(x, y, stacked));
     }
     let keeps = match (a.layout.is_partial(), b.layout.is_partial()) {
         (true, false) => scaling(&a, false),
