@@ -366,6 +366,37 @@ pub fn reshape_view<P: 'static>(t: &P, shape: &burn::tensor::Shape) -> Option<P>
     None
 }
 
+/// Primitive `t` reshaped to `shape` as a strided view of its storage wherever one exists
+/// ([`crate::host::view_strides`], numpy's no-copy reshape): a Flex tensor with non-negative
+/// strides, for an operand the next op reads as it lies whatever its strides (a GEMM's, which
+/// packs its operands). The contraction over a sharded batch merges the batch axis into the
+/// rows of a `distribute`d input kept as a view of the global buffer (`[b, f, 1, 32, 600]`
+/// with row stride 1200: the merged rows `[f, 64, 600]` keep stride 1200). `None` for other
+/// backends, negative strides and reshapes that need a copy: the caller copies.
+pub fn strided_reshape_view<P: 'static>(t: &P, shape: &[usize]) -> Option<P> {
+    #[cfg(feature = "flex")]
+    if let Some(f) = (t as &dyn std::any::Any).downcast_ref::<burn_flex::FlexTensor>() {
+        let l = f.layout();
+        let strides: Vec<usize> = l
+            .strides()
+            .iter()
+            .map(|&s| usize::try_from(s).ok())
+            .collect::<Option<_>>()?;
+        let view = crate::host::view_strides(l.shape(), &strides, shape)?;
+        let layout = burn_flex::Layout::new(
+            shape.to_vec().into(),
+            view.into_iter().map(|s| s as isize).collect(),
+            l.start_offset(),
+        );
+        return (Box::new(f.clone().with_layout(layout)) as Box<dyn std::any::Any>)
+            .downcast::<P>()
+            .ok()
+            .map(|p| *p);
+    }
+    let _ = (t, shape);
+    None
+}
+
 /// Whether a strided layout of `shape` is row-major and contiguous once its dims of size 1 are
 /// left out (their strides say nothing): Flex's own `is_contiguous` also asks for the strides of
 /// those dims, so a permuted view that only moved them, or a view whose dims of more than one

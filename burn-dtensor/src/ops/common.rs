@@ -1045,6 +1045,25 @@ pub fn distribute<B: Backend, K: Kind<B>>(
         let order = crate::inner::row_blocks_in_memory::<B>()
             .then(|| stack::rows_inner_order(&settled, &target))
             .flatten();
+        // On Flex, a process holding the whole mesh takes the global buffer as it is and views
+        // it as the stack (`stack::global_split`), where the boxes would be copied: the GEMMs
+        // and the contraction's merge read such a view as it lies.
+        if crate::inner::row_blocks_in_memory::<B>()
+            && !settled.mesh.multi
+            && !matches!(data.dtype, burn::tensor::DType::QFloat(_))
+            && !host::consecutive(&shape, &boxes)
+        {
+            let (split, order) = stack::global_split(&settled, &target);
+            if crate::collective::stacked::permutes_by_runs(&split, &order) {
+                let whole = K::reshape(K::from_data(data, &mesh.devices()[0]), split.into());
+                let t = stack::output(shape, settled, K::permute(whole, &order));
+                return if layout.is_partial() {
+                    crate::redistribute::redistribute::<B, K>(t, layout)
+                } else {
+                    Ok(t)
+                };
+            }
+        }
         let p = match order {
             None => K::from_data(host::stack(data, &boxes, target)?, &mesh.devices()[0]),
             Some(order) => {
