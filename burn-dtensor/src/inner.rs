@@ -357,10 +357,11 @@ pub fn reshape_view<P: 'static>(t: &P, shape: &burn::tensor::Shape) -> Option<P>
             step *= d as isize;
         }
         let layout = burn_flex::Layout::new(shape.clone(), strides, l.start_offset());
-        return (Box::new(f.clone().with_layout(layout)) as Box<dyn std::any::Any>)
-            .downcast::<P>()
-            .ok()
-            .map(|p| *p);
+        return as_primitive(burn_flex::FlexTensor::from_arc(
+            f.data_arc(),
+            layout,
+            f.dtype(),
+        ));
     }
     let _ = (t, shape);
     None
@@ -388,13 +389,24 @@ pub fn strided_reshape_view<P: 'static>(t: &P, shape: &[usize]) -> Option<P> {
             view.into_iter().map(|s| s as isize).collect(),
             l.start_offset(),
         );
-        return (Box::new(f.clone().with_layout(layout)) as Box<dyn std::any::Any>)
-            .downcast::<P>()
-            .ok()
-            .map(|p| *p);
+        return as_primitive(burn_flex::FlexTensor::from_arc(
+            f.data_arc(),
+            layout,
+            f.dtype(),
+        ));
     }
     let _ = (t, shape);
     None
+}
+
+/// `t` as primitive type `P`, which it is (the caller downcast a `P` to `T`): moved through an
+/// `Option` on the stack rather than a `Box<dyn Any>`, so that a view costs no allocation.
+#[cfg(feature = "flex")]
+fn as_primitive<T: 'static, P: 'static>(t: T) -> Option<P> {
+    let mut slot = Some(t);
+    (&mut slot as &mut dyn std::any::Any)
+        .downcast_mut::<Option<P>>()
+        .and_then(Option::take)
 }
 
 /// Whether a strided layout of `shape` is row-major and contiguous once its dims of size 1 are
