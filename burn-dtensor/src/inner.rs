@@ -308,7 +308,7 @@ macro_rules! ndarray_view {
         use burn_ndarray::NdArrayTensor as T;
         (|| {
             let t = ($t as &dyn std::any::Any).downcast_ref::<T>()?;
-            let out: Box<dyn std::any::Any> = Box::new(match t {
+            let out: T = match t {
                 $(T::$v(s) => {
                     if !s.is_owned() || ($standard && !s.view().is_standard_layout()) {
                         return None;
@@ -319,8 +319,8 @@ macro_rules! ndarray_view {
                 // Variants left out of the list (`sum_dim_fixed_rank`: floats only).
                 #[allow(unreachable_patterns)]
                 _ => return None,
-            });
-            out.downcast::<P>().ok().map(|p| *p)
+            };
+            $crate::inner::as_primitive::<T, P>(out)
         })()
     }};
 }
@@ -401,8 +401,8 @@ pub fn strided_reshape_view<P: 'static>(t: &P, shape: &[usize]) -> Option<P> {
 
 /// `t` as primitive type `P`, which it is (the caller downcast a `P` to `T`): moved through an
 /// `Option` on the stack rather than a `Box<dyn Any>`, so that a view costs no allocation.
-#[cfg(feature = "flex")]
-fn as_primitive<T: 'static, P: 'static>(t: T) -> Option<P> {
+#[cfg(any(feature = "ndarray", feature = "flex"))]
+pub(crate) fn as_primitive<T: 'static, P: 'static>(t: T) -> Option<P> {
     let mut slot = Some(t);
     (&mut slot as &mut dyn std::any::Any)
         .downcast_mut::<Option<P>>()
@@ -480,12 +480,7 @@ pub fn merge_leading_view<P: burn::tensor::TensorMetadata + 'static>(t: &P, n: u
     if let Some(f) = (t as &dyn std::any::Any).downcast_ref::<burn_flex::FlexTensor>() {
         let shape = burn::tensor::Shape::from(merged);
         let view = f.layout().reshape(shape.clone()).map(|_| f.reshape(shape));
-        return view.and_then(|v| {
-            (Box::new(v) as Box<dyn std::any::Any>)
-                .downcast::<P>()
-                .ok()
-                .map(|p| *p)
-        });
+        return view.and_then(as_primitive);
     }
     let _ = merged;
     None
@@ -613,8 +608,7 @@ pub fn matmul_strided<P: 'static>(lhs: &P, rhs: &P) -> Option<P> {
                 (T::F64(a), T::F64(b)) => gemm(a.view(), b.view(), (1.0, 0.0))?.into(),
                 _ => return None,
             };
-            let out: Box<dyn std::any::Any> = Box::new(out);
-            return out.downcast::<P>().ok().map(|p| *p);
+            return as_primitive(out);
         }
     }
     #[cfg(feature = "flex")]
@@ -622,8 +616,7 @@ pub fn matmul_strided<P: 'static>(lhs: &P, rhs: &P) -> Option<P> {
         (lhs as &dyn std::any::Any).downcast_ref::<burn_flex::FlexTensor>(),
         (rhs as &dyn std::any::Any).downcast_ref::<burn_flex::FlexTensor>(),
     ) {
-        let out: Box<dyn std::any::Any> = Box::new(flex_batched_serial(a, b)?);
-        return out.downcast::<P>().ok().map(|p| *p);
+        return as_primitive(flex_batched_serial(a, b)?);
     }
     #[allow(unreachable_code)]
     {

@@ -521,6 +521,27 @@ pub fn narrow_model_products<I: Backend>(device: I::Device) {
             Tensor::cat(blocks, 0).into_data(),
             exact && !per_device,
         );
+        // The spatial IMDB forward: rows on `a`, the contracting dim on `b`, the weight's
+        // columns on a third axis `c` (on Flex the input is a view of its global buffer, the
+        // rows of both `a` shards fold into one product per `b` shard, the weight's `c` shards
+        // side by side): shard `(ca, cb, cc)` is the partial product of its blocks, each the
+        // inner backend's own bits.
+        let m3 = Mesh::new([("a", 2), ("b", 2), ("c", 2)], vec![device.clone(); 8])
+            .unwrap()
+            .with_stacked_execution(!per_device);
+        let put3 = |d: &TensorData, l: [&str; 2]| -> Tensor<DistributedBackend<I>, 2> {
+            distribute(d.clone(), &Layout::new(&m3, l).unwrap()).unwrap()
+        };
+        let p = put3(&dx, ["a", "b"]).matmul(put3(&dw, ["b", "c"]));
+        assert!(p.layout().is_partial());
+        for (i, s) in p.to_local_shards().into_iter().enumerate() {
+            let (ca, cb, cc) = (i / 4, (i / 2) % 2, i % 2);
+            let want = inner(&dx)
+                .narrow(0, ca * 8, 8)
+                .narrow(1, cb * 300, 300)
+                .matmul(inner(&dw).narrow(0, cb * 300, 300).narrow(1, cc * 24, 24));
+            check(s.into_data(), want.into_data(), exact);
+        }
         // Spatial: the contracting dim on `a` (a partial product per shard), the columns on `b`.
         let p = put(&dx, ["unsharded", "a"]).matmul(put(&dw, ["a", "b"]));
         assert!(p.layout().is_partial());
