@@ -356,12 +356,7 @@ pub fn reshape_view<P: 'static>(t: &P, shape: &burn::tensor::Shape) -> Option<P>
             *s = step;
             step *= d as isize;
         }
-        let layout = burn_flex::Layout::new(shape.clone(), strides, l.start_offset());
-        return as_primitive(burn_flex::FlexTensor::from_arc(
-            f.data_arc(),
-            layout,
-            f.dtype(),
-        ));
+        return flex_view(f, shape.clone(), strides);
     }
     let _ = (t, shape);
     None
@@ -384,19 +379,27 @@ pub fn strided_reshape_view<P: 'static>(t: &P, shape: &[usize]) -> Option<P> {
             .map(|&s| usize::try_from(s).ok())
             .collect::<Option<_>>()?;
         let view = crate::host::view_strides(l.shape(), &strides, shape)?;
-        let layout = burn_flex::Layout::new(
-            shape.to_vec().into(),
-            view.into_iter().map(|s| s as isize).collect(),
-            l.start_offset(),
-        );
-        return as_primitive(burn_flex::FlexTensor::from_arc(
-            f.data_arc(),
-            layout,
-            f.dtype(),
-        ));
+        let view = view.into_iter().map(|s| s as isize).collect();
+        return flex_view(f, shape.to_vec().into(), view);
     }
     let _ = (t, shape);
     None
+}
+
+/// A view of Flex tensor `f`'s storage with `shape` and `strides` (elements) from `f`'s own
+/// start offset, as primitive type `P` (which `f` is): no copy, no clone of `f`'s layout.
+#[cfg(feature = "flex")]
+fn flex_view<P: 'static>(
+    f: &burn_flex::FlexTensor,
+    shape: burn::tensor::Shape,
+    strides: Vec<isize>,
+) -> Option<P> {
+    let layout = burn_flex::Layout::new(shape, strides, f.layout().start_offset());
+    as_primitive(burn_flex::FlexTensor::from_arc(
+        f.data_arc(),
+        layout,
+        f.dtype(),
+    ))
 }
 
 /// `t` as primitive type `P`, which it is (the caller downcast a `P` to `T`): moved through an
