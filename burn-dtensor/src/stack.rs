@@ -402,12 +402,7 @@ fn matmul_out<B: Backend, K: Kind<B>>(
     }
     let lhs_only: Vec<usize> = (0..ks).filter(|&a| xs[a] > 1 && ys[a] == 1).collect();
     let both_last = (0..ks).filter(|&a| xs[a] > 1 && ys[a] > 1).max();
-    // A permuted lhs (`x^T` rows received by an all-to-all, `[4, 150, 64]` viewed from
-    // `[4, 64, 150]`) would be copied by the fold's reshape: its products run as it lies.
-    if lhs_only.is_empty()
-        || both_last.is_some_and(|b| b > lhs_only[0])
-        || crate::inner::row_major_order(&x).is_some()
-    {
+    if lhs_only.is_empty() || both_last.is_some_and(|b| b > lhs_only[0]) {
         return f(x, y);
     }
     let (m, kk, n) = (xs[ks], xs[ks + 1], ys[ks + 1]);
@@ -418,11 +413,24 @@ fn matmul_out<B: Backend, K: Kind<B>>(
         .map(|&a| xs[a])
         .chain([folded * m, kk])
         .collect();
+    // A permuted lhs (`x^T` rows received by an all-to-all, `[4, 150, 64]` viewed from
+    // `[4, 64, 150]`) would be copied by the fold's reshape: its products run as it lies, or, on
+    // a backend that prefers dense operands, fold as a strided view where its memory allows
+    // (the spatial weight gradient's `x^T` from an input kept as a view of its global buffer:
+    // `[2, 600, 64]` is the global `[1200, 64]`, one product as on one device).
+    let x = if crate::inner::row_major_order(&x).is_some() {
+        match prefer_dense::<B>()
+            .then(|| crate::inner::strided_reshape_view(&x, &lhs_shape))
+            .flatten()
+        {
+            Some(v) => v,
+            None => return f(x, y),
+        }
+    } else {
+        K::reshape(x, Shape::from(lhs_shape))
+    };
     let rhs_shape: Vec<usize> = rest.iter().map(|&a| ys[a]).chain([kk, n]).collect();
-    let out = f(
-        K::reshape(x, Shape::from(lhs_shape)),
-        K::reshape(y, Shape::from(rhs_shape)),
-    );
+    let out = f(x, K::reshape(y, Shape::from(rhs_shape)));
     // [rest.., L*m, n] -> [rest.., L.., m, n] -> mesh order.
     let split: Vec<usize> = rest
         .iter()
