@@ -1318,12 +1318,6 @@ mod tests {
         assert_eq!(checked, 16);
     }
 
-    /// [`super::matmul_strided`] on Flex against Flex's own `float_matmul`, bitwise: batched
-    /// products (batches of 2 to 8 matrices, one of them large enough that Flex runs it on
-    /// rayon's pool), f32 and f64, each operand row-major or with its last two dims swapped, a
-    /// broadcast batch dim, a sliced (offset) operand, one matrix (a batch of one with a
-    /// transposed lhs, and rank 2), and the products left to Flex (`None`: an empty dim,
-    /// mismatched shapes, a matrix of 192^3 multiply-adds).
     /// Flex: a view whose dims of more than one element lie row-major in memory (a weight's
     /// shards side by side, `[600, 2, 24]` viewed as `[1, 2, 600, 24]` and permuted back)
     /// reshapes as a view of the same bytes, with the values of Flex's own reshape of the
@@ -1362,6 +1356,12 @@ mod tests {
         assert!(super::reshape_view(&gap, &[600, 24].into()).is_none());
     }
 
+    /// [`super::matmul_strided`] on Flex against Flex's own `float_matmul`, bitwise: batched
+    /// products (batches of 2 to 8 matrices, one of them large enough that Flex runs it on
+    /// rayon's pool), f32 and f64, each operand row-major or with its last two dims swapped, a
+    /// broadcast batch dim, a sliced (offset) operand, one matrix (a batch of one with a
+    /// transposed lhs, and rank 2), and the products left to Flex (`None`: an empty dim,
+    /// mismatched shapes, a matrix of 192^3 multiply-adds).
     #[test]
     #[cfg(feature = "flex")]
     fn flex_batched_matmul_is_bitwise_flexs() {

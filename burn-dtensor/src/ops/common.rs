@@ -177,18 +177,28 @@ fn in_memory_order<B: Backend, KI: Kind<B>, KO: Kind<B>>(
     x: KI::P,
     f: impl Fn(KI::P) -> KO::P,
 ) -> KO::P {
-    if crate::inner::prefer_dense::<B>()
-        && let Some(q) = crate::inner::row_major_order(&x)
-    {
-        use crate::collective::stacked;
-        let back = crate::host::inverse_permutation(&q);
-        let xs = x.shape();
-        let in_memory: Vec<usize> = q.iter().map(|&i| xs[i]).collect();
-        if stacked::permutes_by_runs(&in_memory, &back) {
-            return KO::permute(f(KI::permute(x, &q)), &back);
-        }
+    match memory_order::<B>(&x.shape(), || crate::inner::row_major_order(&x)) {
+        Some((q, back)) => KO::permute(f(KI::permute(x, &q)), &back),
+        None => f(x),
     }
-    f(x)
+}
+
+/// The dim order `q` (from `order`: [`crate::inner::row_major_order`] of an operand) in which a
+/// stacked primitive of `shape` is a permuted view of a row-major buffer, and its inverse, on a
+/// backend that prefers dense operands and where the permutation back copies runs of at least 8
+/// elements ([`crate::collective::stacked::permutes_by_runs`]): the order [`in_memory_order`]
+/// and [`in_memory_order2`] run in. `None` otherwise (`order` is not asked on other backends).
+fn memory_order<B: Backend>(
+    shape: &[usize],
+    order: impl FnOnce() -> Option<Vec<usize>>,
+) -> Option<(Vec<usize>, Vec<usize>)> {
+    if !crate::inner::prefer_dense::<B>() {
+        return None;
+    }
+    let q = order()?;
+    let back = crate::host::inverse_permutation(&q);
+    let in_memory: Vec<usize> = q.iter().map(|&i| shape[i]).collect();
+    crate::collective::stacked::permutes_by_runs(&in_memory, &back).then_some((q, back))
 }
 
 /// `f(x, y)` for an element-wise `f` on stacked primitives of one shape, where one of them is a
@@ -205,21 +215,14 @@ fn in_memory_order2<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
     y: K2::P,
     f: impl FnOnce(K1::P, K2::P) -> KO::P,
 ) -> KO::P {
-    if crate::inner::prefer_dense::<B>()
-        && let Some(q) =
-            crate::inner::row_major_order(&x).or_else(|| crate::inner::row_major_order(&y))
-    {
-        use crate::collective::stacked;
-        let back = crate::host::inverse_permutation(&q);
-        let xs = x.shape();
-        let in_memory: Vec<usize> = q.iter().map(|&i| xs[i]).collect();
-        if stacked::permutes_by_runs(&in_memory, &back) {
-            let x = stacked::permute::<B, K1>(x, &q);
-            let y = stacked::permute::<B, K2>(y, &q);
-            return KO::permute(f(x, y), &back);
+    let order = || crate::inner::row_major_order(&x).or_else(|| crate::inner::row_major_order(&y));
+    match memory_order::<B>(&x.shape(), order) {
+        Some((q, back)) => {
+            use crate::collective::stacked::permute;
+            KO::permute(f(permute::<B, K1>(x, &q), permute::<B, K2>(y, &q)), &back)
         }
+        None => f(x, y),
     }
-    f(x, y)
 }
 
 /// Whether `t` is held stacked, with no pending reduction, where the dispatcher would run an op
@@ -1039,46 +1042,39 @@ pub fn distribute<B: Backend, K: Kind<B>>(
         let boxes: Vec<_> = stack::local_representatives(&settled)
             .map(|(_, i)| local_ranges(&settled, &shape, i))
             .collect();
-        // On Flex the row blocks go one after the other in memory, the stack a permuted view of
-        // them (`stack::rows_inner_order`: a later contraction over the rows merges them
-        // without a copy).
-        let order = crate::inner::row_blocks_in_memory::<B>()
-            .then(|| stack::rows_inner_order(&settled, &target))
-            .flatten();
         // On Flex, a process holding the whole mesh takes the global buffer as it is and views
         // it as the stack (`stack::global_split`), where the boxes would be copied: the GEMMs
         // and the contraction's merge read such a view as it lies.
-        if crate::inner::row_blocks_in_memory::<B>()
+        let global = (crate::inner::row_blocks_in_memory::<B>()
             && !settled.mesh.multi
             && !matches!(data.dtype, burn::tensor::DType::QFloat(_))
-            && !host::consecutive(&shape, &boxes)
-        {
-            let (split, order) = stack::global_split(&settled, &target);
-            if crate::collective::stacked::permutes_by_runs(&split, &order) {
-                let whole = K::reshape(K::from_data(data, &mesh.devices()[0]), split.into());
-                let t = stack::output(shape, settled, K::permute(whole, &order));
-                return if layout.is_partial() {
-                    crate::redistribute::redistribute::<B, K>(t, layout)
-                } else {
-                    Ok(t)
-                };
-            }
-        }
-        let p = match order {
-            None => K::from_data(host::stack(data, &boxes, target)?, &mesh.devices()[0]),
-            Some(order) => {
-                // The boxes (one per stack position, row-major over its mesh dims) in memory
-                // order: the stack's mesh dims permuted as `order` permutes them.
-                let k = settled.mesh.ndim();
-                let mut in_memory = Vec::with_capacity(boxes.len());
-                host::for_each_permuted_run(&target[..k], &order[..k], &mut |s, n| {
-                    in_memory.extend_from_slice(&boxes[s..s + n])
-                });
-                let memory: Vec<usize> = order.iter().map(|&d| target[d]).collect();
-                let buffer =
-                    K::from_data(host::stack(data, &in_memory, memory)?, &mesh.devices()[0]);
-                K::permute(buffer, &host::inverse_permutation(&order))
-            }
+            && !host::consecutive(&shape, &boxes))
+        .then(|| stack::global_split(&settled, &target))
+        .filter(|(split, order)| crate::collective::stacked::permutes_by_runs(split, order));
+        // Else, on Flex, the row blocks go one after the other in memory, the stack a permuted
+        // view of them (`stack::rows_inner_order`: a later contraction over the rows merges them
+        // without a copy).
+        let rows_inner = || {
+            crate::inner::row_blocks_in_memory::<B>()
+                .then(|| stack::rows_inner_order(&settled, &target))
+                .flatten()
+        };
+        let p = if let Some((split, order)) = global {
+            let whole = K::reshape(K::from_data(data, &mesh.devices()[0]), split.into());
+            K::permute(whole, &order)
+        } else if let Some(order) = rows_inner() {
+            // The boxes (one per stack position, row-major over its mesh dims) in memory
+            // order: the stack's mesh dims permuted as `order` permutes them.
+            let k = settled.mesh.ndim();
+            let mut in_memory = Vec::with_capacity(boxes.len());
+            host::for_each_permuted_run(&target[..k], &order[..k], &mut |s, n| {
+                in_memory.extend_from_slice(&boxes[s..s + n])
+            });
+            let memory: Vec<usize> = order.iter().map(|&d| target[d]).collect();
+            let buffer = K::from_data(host::stack(data, &in_memory, memory)?, &mesh.devices()[0]);
+            K::permute(buffer, &host::inverse_permutation(&order))
+        } else {
+            K::from_data(host::stack(data, &boxes, target)?, &mesh.devices()[0])
         };
         let t = stack::output(shape, settled, p);
         return if layout.is_partial() {
