@@ -571,6 +571,18 @@ pub fn row_major_order(shape: &[usize], strides: &[isize]) -> Option<Vec<usize>>
     if strides.iter().any(|&s| s < 0) {
         return None;
     }
+    // Big dims already in non-increasing stride order (the stable sort below would keep them):
+    // not a permuted view. Asked on every stacked element-wise op, so no allocation here.
+    let mut big_strides = (0..shape.len())
+        .filter(|&d| shape[d] > 1)
+        .map(|d| strides[d]);
+    if let Some(first) = big_strides.next()
+        && big_strides
+            .try_fold(first, |prev, s| (s <= prev).then_some(s))
+            .is_some()
+    {
+        return None;
+    }
     let big: Vec<usize> = (0..shape.len()).filter(|&d| shape[d] > 1).collect();
     let mut sorted = big.clone();
     sorted.sort_by_key(|&d| std::cmp::Reverse(strides[d]));
@@ -792,6 +804,14 @@ pub(crate) mod tests {
         assert_eq!(row_major_order(&[3, 4], &[1, 6]), None);
         assert_eq!(row_major_order(&[3, 4], &[0, 1]), None);
         assert_eq!(row_major_order(&[3, 4], &[-4, 1]), None);
+        // Row-major already, with size-1 dims of any stride between the others, and a broadcast
+        // with equal strides: `None` at once, as the stable sort would say.
+        assert_eq!(row_major_order(&[2, 1, 3, 4], &[12, 99, 4, 1]), None);
+        assert_eq!(row_major_order(&[2, 1, 3, 1], &[3, 0, 1, 7]), None);
+        assert_eq!(row_major_order(&[4, 3], &[0, 0]), None);
+        assert_eq!(row_major_order(&[1, 5], &[3, 1]), None);
+        // A size-1 dim's stride out of order does not make a permuted view.
+        assert_eq!(row_major_order(&[2, 1, 3], &[3, 100, 1]), None);
     }
 
     /// [`super::copy_strided`] against the strided-view formula (element `i` of the view at
