@@ -137,6 +137,24 @@ pub fn host_bytes<P: 'static>(t: &P) -> Option<&[u8]> {
     None
 }
 
+/// `f` on primitive `t`'s dims, read in place where its backend keeps them (a Flex tensor's
+/// layout) instead of built as a new `Shape` (`TensorMetadata::shape` clones them): the
+/// decorator reads the dims of every stacked op's operands and output several times (the
+/// output check, the element-wise plan, the reshape and memory-order tests), and building
+/// them was about 14 µs of the 8-device spatial IMDB step on Flex against 4 µs for the single
+/// device's own ops (NOTES.md, session 64). Other backends: `f(&t.shape())`.
+#[inline]
+pub fn with_dims<P: burn::tensor::TensorMetadata + 'static, R>(
+    t: &P,
+    f: impl FnOnce(&[usize]) -> R,
+) -> R {
+    #[cfg(feature = "flex")]
+    if let Some(x) = (t as &dyn std::any::Any).downcast_ref::<burn_flex::FlexTensor>() {
+        return f(x.layout().shape());
+    }
+    f(&t.shape())
+}
+
 /// The order of `t`'s dims in which it is row-major and contiguous, where `t` is a permuted view
 /// of such a tensor: a transposed operand, e.g. a data-parallel weight gradient's `x^T` stacked
 /// as `[positions, features, rows]` with strides `[rows * features, 1, features]`. `Some(q)`, not
@@ -331,24 +349,28 @@ macro_rules! ndarray_view {
 /// row-major and contiguous whatever the strides of their dims of size 1 (Flex's reshape copies
 /// those). The view shares `t`'s storage (NdArray's arrays are
 /// reference-counted and copy on write), so the values are those of the backend's reshape and
-/// dropping `t` leaves the view the storage's only owner. `None` for every other backend, for a
-/// permuted or strided array and for a `shape` of another element count: the caller uses the
-/// backend's reshape then. Every reshape of the decorator goes through here first
+/// dropping `t` leaves the view the storage's only owner. `Err(shape)` (handed back, so neither
+/// path copies it) for every other backend, for a permuted or strided array and for a `shape`
+/// of another element count: the caller uses the backend's reshape then. Every reshape of the
+/// decorator goes through here first
 /// ([`crate::tensor::Kind::reshape`]): in the stacked matmul and its contraction these copies
 /// were 3-4% of the 8-device model-parallel IMDB step (NOTES.md).
-pub fn reshape_view<P: 'static>(t: &P, shape: &burn::tensor::Shape) -> Option<P> {
+pub fn reshape_view<P: 'static>(
+    t: &P,
+    shape: burn::tensor::Shape,
+) -> Result<P, burn::tensor::Shape> {
     #[cfg(feature = "ndarray")]
     if let Some(v) = ndarray_view!(t, |a| a
         .into_shape_with_order(ndarray::IxDyn(&shape[..]))
         .ok())
     {
-        return Some(v);
+        return Ok(v);
     }
     #[cfg(feature = "flex")]
     if let Some(f) = (t as &dyn std::any::Any).downcast_ref::<burn_flex::FlexTensor>() {
         let l = f.layout();
         if shape.num_elements() != l.num_elements() || !big_dims_row_major(l.shape(), l.strides()) {
-            return None;
+            return Err(shape);
         }
         let mut strides = vec![0isize; shape.len()];
         let mut step = 1isize;
@@ -356,10 +378,11 @@ pub fn reshape_view<P: 'static>(t: &P, shape: &burn::tensor::Shape) -> Option<P>
             *s = step;
             step *= d as isize;
         }
-        return flex_view(f, shape.clone(), strides);
+        return flex_view(f, shape, strides)
+            .ok_or_else(|| unreachable!("a Flex view of a Flex tensor"));
     }
-    let _ = (t, shape);
-    None
+    let _ = t;
+    Err(shape)
 }
 
 /// Primitive `t` reshaped to `shape` as a strided view of its storage wherever one exists
@@ -464,7 +487,7 @@ pub fn merge_leading(shape: &[usize], n: usize) -> Option<Vec<usize>> {
 /// stacked reduction on NdArray is then of rank `r - n + 1`: above rank 4 `ndarray`'s
 /// dynamic-rank loops allocate per subview (NOTES.md, session 35).
 pub fn merge_leading_view<P: burn::tensor::TensorMetadata + 'static>(t: &P, n: usize) -> Option<P> {
-    let merged = merge_leading(&t.shape(), n)?;
+    let merged = with_dims(t, |d| merge_leading(d, n))?;
     #[cfg(feature = "ndarray")]
     if let Some(v) = ndarray_view!(any layout t, |a| {
         let mut a = a;
@@ -1134,7 +1157,7 @@ mod tests {
             TensorPrimitive::Float(p) => p,
             TensorPrimitive::QFloat(_) => unreachable!(),
         };
-        let view: N = super::reshape_view(&p, &[3, 2].into()).expect("row-major");
+        let view: N = super::reshape_view(&p, [3, 2].into()).expect("row-major");
         assert_eq!(
             super::host_bytes(&view).map(<[u8]>::as_ptr),
             super::host_bytes(&p).map(<[u8]>::as_ptr),
@@ -1149,13 +1172,13 @@ mod tests {
             p.clone(),
             &[burn::tensor::Slice::from(1..2)],
         );
-        let flat: N = super::reshape_view(&row, &[3].into()).expect("contiguous rows");
+        let flat: N = super::reshape_view(&row, [3].into()).expect("contiguous rows");
         let flat = Tensor::<NdArray, 1>::from_primitive(TensorPrimitive::Float(flat));
         flat.into_data().assert_eq(&[4.0f32, 5.0, 6.0].into(), true);
         // Int and bool.
         let it = Tensor::<NdArray, 2, Int>::from_data([[1, 2], [3, 4]], &d);
         let i = it.clone().into_primitive();
-        let iv: N = super::reshape_view(&i, &[4].into()).expect("row-major ints");
+        let iv: N = super::reshape_view(&i, [4].into()).expect("row-major ints");
         let iv = <NdArray as IntTensorOps<NdArray>>::int_into_data(iv);
         assert_eq!(
             burn::tensor::read_sync(iv)
@@ -1166,12 +1189,12 @@ mod tests {
             4
         );
         let b = it.equal_elem(2).reshape([1, 4]).into_primitive();
-        assert!(super::reshape_view(&b, &[2, 2].into()).is_some());
+        assert!(super::reshape_view(&b, [2, 2].into()).is_ok());
         // Not for a transposed view, a wrong element count or another backend.
         let tp = <NdArray as FloatTensorOps<NdArray>>::float_swap_dims(p.clone(), 0, 1);
-        assert!(super::reshape_view(&tp, &[6].into()).is_none());
-        assert!(super::reshape_view(&p, &[4].into()).is_none());
-        assert!(super::reshape_view(&0u32, &[1].into()).is_none());
+        assert!(super::reshape_view(&tp, [6].into()).is_err());
+        assert!(super::reshape_view(&p, [4].into()).is_err());
+        assert!(super::reshape_view(&0u32, [1].into()).is_err());
         // A unique array is downloaded by the backend (its buffer moved out).
         drop((view, row, tp));
         assert!(super::shared_host_data(&p).is_none());
@@ -1318,6 +1341,27 @@ mod tests {
         assert_eq!(checked, 16);
     }
 
+    /// `with_dims` reads the dims a tensor reports (`TensorMetadata::shape`) on Flex (from its
+    /// layout, in place) and on NdArray, for row-major tensors and for permuted views.
+    #[test]
+    #[cfg(all(feature = "flex", feature = "ndarray"))]
+    fn dims_read_in_place_are_the_shape() {
+        use burn::tensor::{Distribution, Tensor, TensorMetadata};
+        fn check<B: burn::tensor::backend::Backend>(d: &B::Device)
+        where
+            B::FloatTensorPrimitive: 'static,
+        {
+            let t = Tensor::<B, 4>::random([2, 3, 1, 5], Distribution::Default, d);
+            for p in [t.clone(), t.permute([3, 0, 2, 1])] {
+                let p = p.into_primitive().tensor();
+                let want = p.shape().to_vec();
+                assert_eq!(super::with_dims(&p, |d| d.to_vec()), want);
+            }
+        }
+        check::<Flex>(&Default::default());
+        check::<NdArray>(&Default::default());
+    }
+
     /// Flex: a view whose dims of more than one element lie row-major in memory (a weight's
     /// shards side by side, `[600, 2, 24]` viewed as `[1, 2, 600, 24]` and permuted back)
     /// reshapes as a view of the same bytes, with the values of Flex's own reshape of the
@@ -1339,7 +1383,7 @@ mod tests {
             "the unit dim's stride is off: {:?}",
             back.layout()
         );
-        let view = super::reshape_view(&back, &[600, 48].into()).expect("big dims row-major");
+        let view = super::reshape_view(&back, [600, 48].into()).expect("big dims row-major");
         assert_eq!(
             super::host_bytes(&view).map(<[u8]>::as_ptr),
             super::host_bytes(&buf.clone().into_primitive().tensor()).map(<[u8]>::as_ptr),
@@ -1349,11 +1393,11 @@ mod tests {
         got.assert_eq(&buf.clone().reshape([600, 48]).into_data(), true);
         // Not for the stack's own order (a real permutation), a wrong count, or a gap.
         let side: burn_flex::FlexTensor = side.into_primitive().tensor();
-        assert!(super::reshape_view(&side, &[2, 600 * 24].into()).is_none());
+        assert!(super::reshape_view(&side, [2, 600 * 24].into()).is_err());
         let whole: burn_flex::FlexTensor = buf.clone().into_primitive().tensor();
-        assert!(super::reshape_view(&whole, &[600, 47].into()).is_none());
+        assert!(super::reshape_view(&whole, [600, 47].into()).is_err());
         let gap: burn_flex::FlexTensor = buf.narrow(3, 0, 12).into_primitive().tensor();
-        assert!(super::reshape_view(&gap, &[600, 24].into()).is_none());
+        assert!(super::reshape_view(&gap, [600, 24].into()).is_err());
     }
 
     /// [`super::matmul_strided`] on Flex against Flex's own `float_matmul`, bitwise: batched

@@ -345,17 +345,16 @@ pub fn to_per_device<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> DTensor<K::P> 
 /// # Panics
 /// When the inner op did not produce the [`stack_shape`] (a sharding rule without a stacked
 /// form routed here: an internal bug, reported rather than returned as wrong numbers).
-pub fn output<P: TensorMetadata>(
+pub fn output<P: TensorMetadata + 'static>(
     shape: Vec<usize>,
     layout: impl Into<std::sync::Arc<Layout>>,
     stack: P,
 ) -> DTensor<P> {
     let layout = layout.into();
-    let got = stack.shape();
     assert!(
-        is_stack_shape(&layout, &shape, &got),
+        crate::inner::with_dims(&stack, |got| is_stack_shape(&layout, &shape, got)),
         "burn-dtensor: stacked op produced {:?}, expected {:?} for global {shape:?} under {layout} (please report)",
-        got.to_vec(),
+        stack.shape().to_vec(),
         stack_shape(&layout, &shape)
     );
     DTensor::from_stacked(shape, layout, stack)
@@ -902,7 +901,7 @@ pub fn prepare<B: Backend, K: Kind<B>>(mut x: K::P, op: &Operand, out: &[usize])
     for &(d, times) in &op.repeat {
         x = K::repeat_dim(x, d, times);
     }
-    let mut x = if x.shape().iter().eq(op.shape.iter()) {
+    let mut x = if crate::inner::with_dims(&x, |d| d == &op.shape[..]) {
         x
     } else {
         K::reshape(x, Shape::from(op.shape.clone()))

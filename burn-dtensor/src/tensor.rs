@@ -588,9 +588,9 @@ macro_rules! kind_io {
             burn::tensor::read_sync(B::float_into_data(t)).expect("reading a float shard")
         }
         fn reshape(t: Self::P, s: Shape) -> Self::P {
-            match crate::inner::reshape_view(&t, &s) {
-                Some(view) => view,
-                None => B::float_reshape(<Self as Kind<B>>::dense(t), s),
+            match crate::inner::reshape_view(&t, s) {
+                Ok(view) => view,
+                Err(s) => B::float_reshape(<Self as Kind<B>>::dense(t), s),
             }
         }
         fn permute(t: Self::P, axes: &[usize]) -> Self::P {
@@ -629,9 +629,9 @@ macro_rules! kind_io {
             burn::tensor::read_sync(B::int_into_data(t)).expect("reading an int shard")
         }
         fn reshape(t: Self::P, s: Shape) -> Self::P {
-            match crate::inner::reshape_view(&t, &s) {
-                Some(view) => view,
-                None => B::int_reshape(<Self as Kind<B>>::dense(t), s),
+            match crate::inner::reshape_view(&t, s) {
+                Ok(view) => view,
+                Err(s) => B::int_reshape(<Self as Kind<B>>::dense(t), s),
             }
         }
         fn permute(t: Self::P, axes: &[usize]) -> Self::P {
@@ -670,9 +670,9 @@ macro_rules! kind_io {
             burn::tensor::read_sync(B::bool_into_data(t)).expect("reading a bool shard")
         }
         fn reshape(t: Self::P, s: Shape) -> Self::P {
-            match crate::inner::reshape_view(&t, &s) {
-                Some(view) => view,
-                None => B::bool_reshape(<Self as Kind<B>>::dense(t), s),
+            match crate::inner::reshape_view(&t, s) {
+                Ok(view) => view,
+                Err(s) => B::bool_reshape(<Self as Kind<B>>::dense(t), s),
             }
         }
         fn permute(t: Self::P, axes: &[usize]) -> Self::P {

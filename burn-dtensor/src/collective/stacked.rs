@@ -333,22 +333,23 @@ pub(crate) fn permute_for_merge<B: Backend, K: Kind<B>>(x: K::P, order: &[usize]
 /// leaves a permuted view row-major is that view, contiguous; any other is copied by runs
 /// ([`dense_permute`]) where it can be.
 pub(crate) fn permute<B: Backend, K: Kind<B>>(x: K::P, order: &[usize]) -> K::P {
-    let xs = x.shape();
     if order.iter().enumerate().all(|(i, &o)| i == o) {
         return x;
     }
-    if only_unit_dims_move(&xs, order) {
-        let shape: Vec<usize> = order.iter().map(|&i| xs[i]).collect();
-        return K::reshape(x, Shape::from(shape));
+    let permuted =
+        |xs: &[usize]| -> Shape { order.iter().map(|&i| xs[i]).collect::<Vec<_>>().into() };
+    if crate::inner::with_dims(&x, |xs| only_unit_dims_move(xs, order)) {
+        let shape = crate::inner::with_dims(&x, permuted);
+        return K::reshape(x, shape);
     }
     if crate::inner::prefer_dense::<B>() {
         // Already row-major in `order` (a permuted view of a buffer laid out that way: a weight
         // kept side by side, `stack::side_by_side`): the permuted view is that buffer.
         if let Some(q) = crate::inner::row_major_order(&x)
-            && same_order_of_big_dims(&xs, &q, order)
+            && crate::inner::with_dims(&x, |xs| same_order_of_big_dims(xs, &q, order))
         {
-            let shape: Vec<usize> = order.iter().map(|&i| xs[i]).collect();
-            return K::reshape(K::permute(x, order), Shape::from(shape));
+            let shape = crate::inner::with_dims(&x, permuted);
+            return K::reshape(K::permute(x, order), shape);
         }
         if let Some(p) = dense_permute::<B, K>(&x, order) {
             return p;

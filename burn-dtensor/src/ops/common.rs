@@ -177,7 +177,10 @@ fn in_memory_order<B: Backend, KI: Kind<B>, KO: Kind<B>>(
     x: KI::P,
     f: impl Fn(KI::P) -> KO::P,
 ) -> KO::P {
-    match memory_order::<B>(&x.shape(), || crate::inner::row_major_order(&x)) {
+    let q = crate::inner::with_dims(&x, |xs| {
+        memory_order::<B>(xs, || crate::inner::row_major_order(&x))
+    });
+    match q {
         Some((q, back)) => KO::permute(f(KI::permute(x, &q)), &back),
         None => f(x),
     }
@@ -216,7 +219,7 @@ fn in_memory_order2<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
     f: impl FnOnce(K1::P, K2::P) -> KO::P,
 ) -> KO::P {
     let order = || crate::inner::row_major_order(&x).or_else(|| crate::inner::row_major_order(&y));
-    match memory_order::<B>(&x.shape(), order) {
+    match crate::inner::with_dims(&x, |xs| memory_order::<B>(xs, order)) {
         Some((q, back)) => {
             use crate::collective::stacked::permute;
             KO::permute(f(permute::<B, K1>(x, &q), permute::<B, K2>(y, &q)), &back)
@@ -238,7 +241,10 @@ fn held_stacked<B: Backend, P>(t: &DTensor<P>) -> bool {
 
 /// `f` on the stacked primitive of `t` ([`held_stacked`]), an element-wise op: the output has
 /// `t`'s shape and shares its layout (checked as every stacked output is, [`stack::output`]).
-fn map_stacked<P, Q: TensorMetadata>(t: DTensor<P>, f: impl FnOnce(P) -> Q) -> DTensor<Q> {
+fn map_stacked<P, Q: TensorMetadata + 'static>(
+    t: DTensor<P>,
+    f: impl FnOnce(P) -> Q,
+) -> DTensor<Q> {
     let DTensor {
         shape,
         layout,
@@ -279,7 +285,9 @@ pub fn binary<B: Backend, K1: Kind<B>, K2: Kind<B>, KO: Kind<B>>(
     let (mut a, mut b) = (settled_memo(a), settled_memo(b));
     // `f` on the stacked operands, broadcast and merged as `stack::elementwise_plan` says.
     let stacked = |x: K1::P, y: K2::P| {
-        let e = stack::elementwise_memo::<B>(&[&x.shape(), &y.shape()]);
+        let e = crate::inner::with_dims(&x, |xs| {
+            crate::inner::with_dims(&y, |ys| stack::elementwise_memo::<B>(&[xs, ys]))
+        });
         let (p, o) = (&e.operands, &e.merged);
         let r = f(
             stack::prepare::<B, K1>(x, &p[0], o),
@@ -399,7 +407,11 @@ pub fn mask_where<B: Backend, K: Kind<B>, KM: Kind<B>>(
         if !matches!(at, At::Stacked(_)) {
             return f(x, m, v);
         }
-        let e = stack::elementwise_memo::<B>(&[&x.shape(), &m.shape(), &v.shape()]);
+        let e = crate::inner::with_dims(&x, |xs| {
+            crate::inner::with_dims(&m, |ms| {
+                crate::inner::with_dims(&v, |vs| stack::elementwise_memo::<B>(&[xs, ms, vs]))
+            })
+        });
         let (p, o) = (&e.operands, &e.merged);
         let r = f(
             stack::prepare::<B, K>(x, &p[0], o),
@@ -489,7 +501,7 @@ fn on_merged_leading<B: Backend, K: Kind<B>>(
 ) -> K::P {
     match crate::inner::merge_leading_view(&x, d) {
         Some(merged) => {
-            let mut out = x.shape().to_vec();
+            let mut out = crate::inner::with_dims(&x, |s| s.to_vec());
             out[d] = 1;
             drop(x);
             K::reshape(f(merged, 1), out.into())

@@ -195,8 +195,10 @@ fn plan_for<B: Backend, K: Kind<B>>(shards: &[K::P], layouts: &[&Layout]) -> Vec
     dedupe_plan(layouts, &devices)
 }
 
-fn work<P: burn::tensor::TensorMetadata>(shards: &[P]) -> usize {
-    shards.first().map_or(0, |s| s.shape().num_elements())
+fn work<P: burn::tensor::TensorMetadata + 'static>(shards: &[P]) -> usize {
+    shards
+        .first()
+        .map_or(0, |s| crate::inner::with_dims(s, |d| d.iter().product()))
 }
 
 /// Whether an op runs stacked: its closure has a stacked form (`stack`), every operand (global
