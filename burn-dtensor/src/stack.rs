@@ -366,8 +366,9 @@ pub fn output<P: TensorMetadata + 'static>(
 /// forward (`t` all ones) becomes a single `[S*m, k] @ [k, n]` GEMM, as on one device, instead
 /// of `S` small ones, and a model-parallel one (batch axis on the lhs, model axis on the rhs)
 /// one GEMM per rhs shard instead of one per (batch, model) pair, each packing its rhs once.
-/// The fold is a free reshape when those axes come after the axes both operands use (always
-/// the case in the IMDB layouts); the result is unfolded back, with a permuted view when the
+/// The fold is a free reshape when those axes come after the axes both operands use (data and
+/// model mode); before one (spatial mode's batch axis before its feature axis), only on
+/// backends that [`prefer_dense`], as a strided view where the lhs' memory allows; the result is unfolded back, with a permuted view when the
 /// rhs uses axes of its own (not on backends that [`prefer_dense`], where strided operands are
 /// slow: there the rhs' own axes fold into the columns instead, [`side_by_side`]). Otherwise,
 /// and for axes both use (one partial product per shard: a weight gradient over a sharded
@@ -400,10 +401,10 @@ fn matmul_out<B: Backend, K: Kind<B>>(
         return side_by_side::<B, K>(x, y, ks, &rhs_only, side_by_side_out, f);
     }
     let lhs_only: Vec<usize> = (0..ks).filter(|&a| xs[a] > 1 && ys[a] == 1).collect();
-    let both_last = (0..ks).filter(|&a| xs[a] > 1 && ys[a] > 1).max();
-    if lhs_only.is_empty() || both_last.is_some_and(|b| b > lhs_only[0]) {
+    if lhs_only.is_empty() {
         return f(x, y);
     }
+    let both_last = (0..ks).filter(|&a| xs[a] > 1 && ys[a] > 1).max();
     let (m, kk, n) = (xs[ks], xs[ks + 1], ys[ks + 1]);
     let rest: Vec<usize> = (0..ks).filter(|a| !lhs_only.contains(a)).collect();
     let folded: usize = lhs_only.iter().map(|&a| xs[a]).product();
@@ -412,12 +413,34 @@ fn matmul_out<B: Backend, K: Kind<B>>(
         .map(|&a| xs[a])
         .chain([folded * m, kk])
         .collect();
-    // A permuted lhs (`x^T` rows received by an all-to-all, `[4, 150, 64]` viewed from
-    // `[4, 64, 150]`) would be copied by the fold's reshape: its products run as it lies, or, on
-    // a backend that prefers dense operands, fold as a strided view where its memory allows
-    // (the spatial weight gradient's `x^T` from an input kept as a view of its global buffer:
-    // `[2, 600, 64]` is the global `[1200, 64]`, one product as on one device).
-    let x = if crate::inner::row_major_order(&x).is_some() {
+    let x = if both_last.is_some_and(|b| b > lhs_only[0]) {
+        // An lhs-only axis before an axis both use (spatial's batch before its feature axis:
+        // `[2, 2, 1, 32, 600] @ [1, 2, 1, 600, 48]`): the fold needs the lhs' rows of one
+        // both-axis index adjacent in memory, as `distribute` lays out a batch-sharded input
+        // ([`rows_inner_order`]); then its rows are one strided view, `[2, 1, 64, 600]`, and
+        // the GEMM runs the single device's row count (4 products of 32 rows ran the `gemm`
+        // crate's 2-column remainder tiles on their 32 columns of `x^T`). Elsewhere, and on
+        // backends that do not [`prefer_dense`], the inner batched matmul.
+        let order: Vec<usize> = rest
+            .iter()
+            .chain(&lhs_only)
+            .copied()
+            .chain([ks, ks + 1])
+            .collect();
+        match prefer_dense::<B>()
+            .then(|| crate::inner::strided_reshape_view(&K::permute(x.clone(), &order), &lhs_shape))
+            .flatten()
+        {
+            Some(v) => v,
+            None => return f(x, y),
+        }
+    } else if crate::inner::row_major_order(&x).is_some() {
+        // A permuted lhs (`x^T` rows received by an all-to-all, `[4, 150, 64]` viewed from
+        // `[4, 64, 150]`) would be copied by the fold's reshape: its products run as it lies,
+        // or, on a backend that prefers dense operands, fold as a strided view where its
+        // memory allows (the spatial weight gradient's `x^T` from an input kept as a view of
+        // its global buffer: `[2, 600, 64]` is the global `[1200, 64]`, one product as on one
+        // device).
         match prefer_dense::<B>()
             .then(|| crate::inner::strided_reshape_view(&x, &lhs_shape))
             .flatten()
@@ -952,6 +975,34 @@ mod tests {
         struct Other;
         let (_, out) = elementwise_plan::<Other>(&[&[8, 8, 48], &[8, 8, 48]]);
         assert_eq!(out, vec![3072]);
+    }
+
+    /// Flex: a batch axis before an axis both operands use (spatial's forward, `[2 batch,
+    /// 2 feature, 1, 32, 600] @ [1, 2, 1, 600, 48]`, the lhs laid out feature-major as
+    /// `distribute` lays out the input) folds its rows into one strided view per feature shard,
+    /// and the product is bitwise Flex's own batched matmul of the same operands; an lhs
+    /// whose batch rows are not adjacent in memory (row-major in the stack's order) runs the
+    /// batched matmul as before, with the same values.
+    #[cfg(feature = "flex")]
+    #[test]
+    fn lhs_only_axis_before_a_shared_axis_folds_into_the_rows() {
+        use crate::tensor::FloatKind;
+        use burn::backend::Flex;
+        use burn::tensor::{Distribution, Tensor, TensorPrimitive};
+        type B = Flex;
+        let d = Default::default();
+        let prim = |t: Tensor<B, 5>| t.into_primitive().tensor();
+        let y = Tensor::<B, 5>::random([1, 2, 1, 600, 48], Distribution::Default, &d);
+        let memory = Tensor::<B, 5>::random([2, 2, 1, 32, 600], Distribution::Default, &d);
+        for x in [memory.clone().permute([1, 0, 2, 3, 4]), memory] {
+            let want = x.clone().matmul(y.clone());
+            let got = super::matmul::<B, FloatKind>(prim(x), prim(y.clone()), 3, |a, b| {
+                crate::inner::matmul_strided(&a, &b).expect("a product Flex takes")
+            });
+            let got = Tensor::<B, 5>::from_primitive(TensorPrimitive::Float(got));
+            assert_eq!(got.dims(), [2, 2, 1, 32, 48]);
+            assert_eq!(got.into_data(), want.into_data());
+        }
     }
 
     /// The output check agrees with the stack shape it stands for: hand-computed for a sharded
