@@ -104,10 +104,34 @@ pub fn stack_shape(layout: &Layout, shape: &[usize]) -> Vec<usize> {
 /// tensor dims costs a fraction of collecting or chaining the dims (chaining them was about 1.5%
 /// of the Flex model step in session 52's profile).
 fn is_stack_shape(layout: &Layout, shape: &[usize], got: &[usize]) -> bool {
-    let k = layout.mesh.ndim();
-    got.len() == k + shape.len()
-        && (0..k).all(|a| got[a] == stack_axis(layout, a))
-        && shard_dims(layout, shape).eq(got[k..].iter().copied())
+    let topo = &layout.mesh;
+    let k = topo.ndim();
+    if got.len() != k + shape.len() || layout.dims.len() != shape.len() {
+        return false;
+    }
+    if k > 64 {
+        return (0..k).all(|a| got[a] == stack_axis(layout, a))
+            && shard_dims(layout, shape).eq(got[k..].iter().copied());
+    }
+    // One pass over the tensor dims (noting the axes that shard them), one over the mesh axes.
+    let (mesh_dims, dims) = got.split_at(k);
+    let mut sharding = 0u64;
+    for ((s, &n), &g) in layout.dims.iter().zip(shape).zip(dims) {
+        let want = match *s {
+            None => n,
+            Some(a) => {
+                sharding |= 1 << a;
+                n / topo.axis_size(a)
+            }
+        };
+        if g != want {
+            return false;
+        }
+    }
+    mesh_dims.iter().enumerate().all(|(a, &g)| {
+        let used = (sharding >> a) & 1 == 1 || layout.partial[a].is_some();
+        g == if used { topo.local_axis_size(a) } else { 1 }
+    })
 }
 
 /// The stacked primitive's dim for mesh axis `a` ([`stack_shape`]).
@@ -230,6 +254,41 @@ pub fn stackable_shape(layout: &Layout, shape: &[usize]) -> bool {
             .iter()
             .enumerate()
             .all(|(a, p)| p.is_none() || !layout.dims.contains(&Some(a)))
+}
+
+/// [`stackable_shape`] with shards of fewer than `limit` elements ([`shard_elements`]), in one
+/// pass over the dims: the dispatcher asks it of every operand and output of every op
+/// (`ops::dispatch::stacks`), where the two checks apart, each going over the dims and their
+/// mesh axes again, were about 7 µs of the spatial IMDB step on Flex (NOTES.md).
+pub fn stackable_below(layout: &Layout, shape: &[usize], limit: usize) -> bool {
+    let topo = &layout.mesh;
+    if topo.ndim() + shape.len() > MAX_STACKED_RANK || layout.dims.len() != shape.len() {
+        return false;
+    }
+    let mut elements = 1usize;
+    for (s, &n) in layout.dims.iter().zip(shape) {
+        let per = match *s {
+            None => n,
+            Some(a) => {
+                let m = topo.axis_size(a);
+                if n % m != 0 {
+                    return false;
+                }
+                n / m
+            }
+        };
+        if per == 0 {
+            return false;
+        }
+        elements = elements.saturating_mul(per);
+    }
+    elements < limit
+        && (!layout.is_partial()
+            || layout
+                .partial
+                .iter()
+                .enumerate()
+                .all(|(a, p)| p.is_none() || !layout.dims.contains(&Some(a))))
 }
 
 /// The global flat index of the device whose shard represents device `i`'s (both global flat
@@ -1003,6 +1062,53 @@ mod tests {
             assert_eq!(got.dims(), [2, 2, 1, 32, 48]);
             assert_eq!(got.into_data(), want.into_data());
         }
+    }
+
+    /// The one-pass check is `stackable_shape` and the shard-size bar together, on every
+    /// layout of a rank-2 tensor over a 3-axis mesh (sharded, uneven, partial, partial on a
+    /// sharding axis), shapes with a 0 and too high a rank, at limits on each side of the shard.
+    #[test]
+    fn one_pass_stack_check_is_the_two_checks() {
+        use super::{shard_elements, stackable_below, stackable_shape};
+        use crate::{Layout, Mesh, ReduceOp};
+        let m = Mesh::new([("a", 2), ("b", 2), ("c", 2)], vec![(); 8]).unwrap();
+        let names = ["unsharded", "a", "b", "c"];
+        let mut layouts = Vec::new();
+        for x in names {
+            for y in names {
+                if x == y && x != "unsharded" {
+                    continue;
+                }
+                let l = Layout::new(&m, [x, y]).unwrap();
+                layouts.push(l.clone());
+                for (a, op) in [(0, ReduceOp::Sum), (2, ReduceOp::Max)] {
+                    // Set directly: `with_partial` refuses an axis that shards a dim.
+                    let mut p = l.clone();
+                    p.partial[a] = Some(op);
+                    layouts.push(p);
+                }
+            }
+        }
+        let mut seen = [0usize; 2];
+        for l in &layouts {
+            for shape in [[4, 6], [3, 6], [4, 0], [8, 2], [2, 2]] {
+                let elements = stackable_shape(l, &shape).then(|| shard_elements(l, &shape));
+                for limit in [0, 1, 4, 6, 12, usize::MAX] {
+                    let want = elements.is_some_and(|e| e < limit);
+                    assert_eq!(
+                        stackable_below(l, &shape, limit),
+                        want,
+                        "{l} {shape:?} {limit}"
+                    );
+                    seen[want as usize] += 1;
+                }
+            }
+        }
+        assert!(seen[0] > 0 && seen[1] > 0);
+        // Mesh axes and tensor dims past the stacked rank.
+        let high = Layout::replicated(&m, 4);
+        assert!(!stackable_shape(&high, &[2, 2, 2, 2]));
+        assert!(!stackable_below(&high, &[2, 2, 2, 2], usize::MAX));
     }
 
     /// The output check agrees with the stack shape it stands for: hand-computed for a sharded

@@ -243,9 +243,10 @@ fn thread_limit<B>() -> usize {
     }
 }
 
-/// [`stack::stackable_shape`], with shards below `limit` elements ([`thread_limit`]).
+/// [`stack::stackable_shape`], with shards below `limit` elements ([`thread_limit`]): one
+/// pass, [`stack::stackable_below`].
 fn fits_stacked(layout: &Layout, shape: &[usize], limit: usize) -> bool {
-    stack::stackable_shape(layout, shape) && stack::shard_elements(layout, shape) < limit
+    stack::stackable_below(layout, shape, limit)
 }
 
 /// The body of [`run1`], [`run2_weighted`] and [`run3`]: the operands `$t` (of kinds `$K`, the
