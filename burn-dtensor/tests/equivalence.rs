@@ -718,6 +718,13 @@ fn reduce_case<const D: usize>(m: &Mesh<Dev>, shape: &[usize], ls: &LSpec, dim: 
         x().sum_dim(dim).sum_dim(D - 1 - dim),
         o().sum_dim(dim).sum_dim(D - 1 - dim),
     );
+    // Over the size-1 dim the first sum left (a pending sum where `dim` was sharded): the
+    // operand itself, no inner op; then an op that reads it settled.
+    check(
+        "sum_dim over a dim of one",
+        x().sum_dim(dim).sum_dim(dim).exp(),
+        o().sum_dim(dim).sum_dim(dim).exp(),
+    );
     let (v, i) = x().max_dim_with_indices(dim);
     let (ov, oi) = o().max_dim_with_indices(dim);
     check("max_dim_with_indices", v, ov);
