@@ -109,18 +109,17 @@ fn is_stack_shape(layout: &Layout, shape: &[usize], got: &[usize]) -> bool {
     if got.len() != k + shape.len() || layout.dims.len() != shape.len() {
         return false;
     }
-    if k > 64 {
-        return (0..k).all(|a| got[a] == stack_axis(layout, a))
-            && shard_dims(layout, shape).eq(got[k..].iter().copied());
-    }
-    // One pass over the tensor dims (noting the axes that shard them), one over the mesh axes.
+    // One pass over the tensor dims (noting the first 64 axes that shard them), one over the
+    // mesh axes (past 64, `uses_axis` as `stack_axis` asks it).
     let (mesh_dims, dims) = got.split_at(k);
     let mut sharding = 0u64;
     for ((s, &n), &g) in layout.dims.iter().zip(shape).zip(dims) {
         let want = match *s {
             None => n,
             Some(a) => {
-                sharding |= 1 << a;
+                if a < 64 {
+                    sharding |= 1 << a;
+                }
                 n / topo.axis_size(a)
             }
         };
@@ -129,7 +128,11 @@ fn is_stack_shape(layout: &Layout, shape: &[usize], got: &[usize]) -> bool {
         }
     }
     mesh_dims.iter().enumerate().all(|(a, &g)| {
-        let used = (sharding >> a) & 1 == 1 || layout.partial[a].is_some();
+        let used = if a < 64 {
+            (sharding >> a) & 1 == 1 || layout.partial[a].is_some()
+        } else {
+            uses_axis(layout, a)
+        };
         g == if used { topo.local_axis_size(a) } else { 1 }
     })
 }
@@ -246,49 +249,49 @@ pub fn stackable(layout: &Layout, shape: &[usize]) -> bool {
 /// be held stacked were the whole mesh one process's virtual devices. A multi-process mesh uses
 /// it to take the decisions one process would take (see `ops::common::matmul`).
 pub fn stackable_shape(layout: &Layout, shape: &[usize]) -> bool {
-    layout.mesh.ndim() + shape.len() <= MAX_STACKED_RANK
-        && shape.iter().all(|&n| n > 0)
-        && crate::layout::is_even(layout, shape)
-        && layout
-            .partial
-            .iter()
-            .enumerate()
-            .all(|(a, p)| p.is_none() || !layout.dims.contains(&Some(a)))
+    stackable_shard_elements(layout, shape).is_some()
 }
 
-/// [`stackable_shape`] with shards of fewer than `limit` elements ([`shard_elements`]), in one
-/// pass over the dims: the dispatcher asks it of every operand and output of every op
-/// (`ops::dispatch::stacks`), where the two checks apart, each going over the dims and their
-/// mesh axes again, were about 7 µs of the spatial IMDB step on Flex (NOTES.md).
+/// [`stackable_shape`] with shards of fewer than `limit` elements ([`shard_elements`]): the
+/// dispatcher asks it of every operand and output of every op (`ops::dispatch::stacks`), where
+/// the two checks apart, each going over the dims and their mesh axes again, were about 7 µs of
+/// the spatial IMDB step on Flex (NOTES.md).
 pub fn stackable_below(layout: &Layout, shape: &[usize], limit: usize) -> bool {
+    stackable_shard_elements(layout, shape).is_some_and(|e| e < limit)
+}
+
+/// [`shard_elements`] where the tensor may be held stacked ([`stackable_shape`]: the stacked
+/// rank is at most [`MAX_STACKED_RANK`], every sharded dim splits evenly, no dim is empty, no
+/// axis both shards a dim and has a pending reduction), else `None`; one pass over the dims.
+fn stackable_shard_elements(layout: &Layout, shape: &[usize]) -> Option<usize> {
     let topo = &layout.mesh;
-    if topo.ndim() + shape.len() > MAX_STACKED_RANK || layout.dims.len() != shape.len() {
-        return false;
+    if topo.ndim() + shape.len() > MAX_STACKED_RANK {
+        return None;
     }
     let mut elements = 1usize;
-    for (s, &n) in layout.dims.iter().zip(shape) {
-        let per = match *s {
+    for (d, &n) in shape.iter().enumerate() {
+        let per = match layout.dims.get(d).copied().flatten() {
             None => n,
             Some(a) => {
                 let m = topo.axis_size(a);
                 if n % m != 0 {
-                    return false;
+                    return None;
                 }
                 n / m
             }
         };
         if per == 0 {
-            return false;
+            return None;
         }
         elements = elements.saturating_mul(per);
     }
-    elements < limit
-        && (!layout.is_partial()
-            || layout
-                .partial
-                .iter()
-                .enumerate()
-                .all(|(a, p)| p.is_none() || !layout.dims.contains(&Some(a))))
+    let pending_on_sharding = layout.is_partial()
+        && layout
+            .partial
+            .iter()
+            .enumerate()
+            .any(|(a, p)| p.is_some() && layout.dims.contains(&Some(a)));
+    (!pending_on_sharding).then_some(elements)
 }
 
 /// The global flat index of the device whose shard represents device `i`'s (both global flat
@@ -427,8 +430,8 @@ pub fn output<P: TensorMetadata + 'static>(
 /// one GEMM per rhs shard instead of one per (batch, model) pair, each packing its rhs once.
 /// The fold is a free reshape when those axes come after the axes both operands use (data and
 /// model mode); before one (spatial mode's batch axis before its feature axis), only on
-/// backends that [`prefer_dense`], as a strided view where the lhs' memory allows; the result is unfolded back, with a permuted view when the
-/// rhs uses axes of its own (not on backends that [`prefer_dense`], where strided operands are
+/// backends that [`prefer_dense`], as a strided view where the lhs' memory allows. The result
+/// is unfolded back, with a permuted view when the rhs uses axes of its own (not on backends that [`prefer_dense`], where strided operands are
 /// slow: there the rhs' own axes fold into the columns instead, [`side_by_side`]). Otherwise,
 /// and for axes both use (one partial product per shard: a weight gradient over a sharded
 /// batch), it is the inner batched matmul `f`, which broadcasts the mesh dims.
@@ -472,38 +475,35 @@ fn matmul_out<B: Backend, K: Kind<B>>(
         .map(|&a| xs[a])
         .chain([folded * m, kk])
         .collect();
-    let x = if both_last.is_some_and(|b| b > lhs_only[0]) {
-        // An lhs-only axis before an axis both use (spatial's batch before its feature axis:
-        // `[2, 2, 1, 32, 600] @ [1, 2, 1, 600, 48]`): the fold needs the lhs' rows of one
-        // both-axis index adjacent in memory, as `distribute` lays out a batch-sharded input
-        // ([`rows_inner_order`]); then its rows are one strided view, `[2, 1, 64, 600]`, and
-        // the GEMM runs the single device's row count (4 products of 32 rows ran the `gemm`
-        // crate's 2-column remainder tiles on their 32 columns of `x^T`). Elsewhere, and on
-        // backends that do not [`prefer_dense`], the inner batched matmul.
-        let order: Vec<usize> = rest
-            .iter()
-            .chain(&lhs_only)
-            .copied()
-            .chain([ks, ks + 1])
-            .collect();
-        match prefer_dense::<B>()
-            .then(|| crate::inner::strided_reshape_view(&K::permute(x.clone(), &order), &lhs_shape))
-            .flatten()
-        {
-            Some(v) => v,
-            None => return f(x, y),
+    // An lhs-only axis before an axis both use (spatial's batch before its feature axis:
+    // `[2, 2, 1, 32, 600] @ [1, 2, 1, 600, 48]`) folds only where the lhs' rows of one
+    // both-axis index lie adjacent in memory, as `distribute` lays out a batch-sharded input
+    // ([`rows_inner_order`]): then they are one strided view, `[2, 1, 64, 600]`, and the GEMM
+    // runs the single device's row count (4 products of 32 rows ran the `gemm` crate's
+    // 2-column remainder tiles on their 32 columns of `x^T`). A permuted lhs (`x^T` rows
+    // received by an all-to-all, `[4, 150, 64]` viewed from `[4, 64, 150]`) would be copied by
+    // the fold's reshape, so it folds as a strided view too where its memory allows (the
+    // spatial weight gradient's `x^T` from an input kept as a view of its global buffer:
+    // `[2, 600, 64]` is the global `[1200, 64]`, one product as on one device). Both only on
+    // backends that [`prefer_dense`]; elsewhere, and where no view exists, the products run
+    // as the lhs lies.
+    let reorder = both_last.is_some_and(|b| b > lhs_only[0]);
+    let x = if reorder || crate::inner::row_major_order(&x).is_some() {
+        if !prefer_dense::<B>() {
+            return f(x, y);
         }
-    } else if crate::inner::row_major_order(&x).is_some() {
-        // A permuted lhs (`x^T` rows received by an all-to-all, `[4, 150, 64]` viewed from
-        // `[4, 64, 150]`) would be copied by the fold's reshape: its products run as it lies,
-        // or, on a backend that prefers dense operands, fold as a strided view where its
-        // memory allows (the spatial weight gradient's `x^T` from an input kept as a view of
-        // its global buffer: `[2, 600, 64]` is the global `[1200, 64]`, one product as on one
-        // device).
-        match prefer_dense::<B>()
-            .then(|| crate::inner::strided_reshape_view(&x, &lhs_shape))
-            .flatten()
-        {
+        let view = if reorder {
+            let order: Vec<usize> = rest
+                .iter()
+                .chain(&lhs_only)
+                .copied()
+                .chain([ks, ks + 1])
+                .collect();
+            crate::inner::strided_reshape_view(&K::permute(x.clone(), &order), &lhs_shape)
+        } else {
+            crate::inner::strided_reshape_view(&x, &lhs_shape)
+        };
+        match view {
             Some(v) => v,
             None => return f(x, y),
         }
