@@ -875,11 +875,12 @@ pub(crate) mod tests {
         // A broadcast dim, a slice of a transposed matrix, 1-dim and 0-dim views.
         check(&[4, 9, 11], &[0, 1, 9], 3);
         check(&[2, 6, 5], &[400, 1, 40], 2);
-        // Whole tiles (the unrolled path) beside partial ones, and the spatial IMDB step's
-        // transposed chunk (32 rows of a column-major `[64, 24]` block per batch shard).
+        // Transposed blocks of whole tiles only (the unrolled path), of whole tiles beside
+        // partial ones in both dims (19 x 10), and the spatial IMDB step's transposed chunk
+        // (32 rows of a column-major `[64, 24]` block per batch shard).
         check(&[2, 16, 24], &[400, 1, 16], 5);
+        check(&[2, 19, 10], &[400, 1, 19], 1);
         check(&[2, 32, 24], &[32, 1, 64], 0);
-        check(&[3, 19, 10], &[1, 3, 100], 1);
         check(&[17], &[3], 1);
         check(&[], &[], 5);
         // The other element widths take the same paths.
