@@ -6,7 +6,11 @@
 //! but rank 0, which prints one line per (collective, size, path):
 //! - `dtensor-ordered` / `dtensor-engine` (or `dtensor`, where nothing is reduced): the relayout
 //!   through burn-dtensor (`Tensor::relayout` on `DistributedBackend<NdArray>`), with the
-//!   deterministic reduction (the default) and with the engine's;
+//!   deterministic reduction (the default) and with the engine's; for the all-to-all, by how
+//!   it sends the strided parts of its shard (`Config::strided_send`): `dtensor` (the
+//!   default) writes them into the peers' receive buffers (`process_vm_writev`, 1 MiB and
+//!   more), `dtensor-pack` packs them, `dtensor-datatype` hands them to MPI as derived
+//!   datatypes;
 //! - `group`: the project's own `ProcessGroup` call on host bytes for the same buffer (the engine
 //!   layer alone, with its timeout watchdog);
 //! - `mpi direct`: the blocking MPI collective called directly on host buffers of the same bytes,
@@ -38,7 +42,9 @@ use std::time::Instant;
 use burn::backend::NdArray;
 use burn::tensor::{DType, Tensor, TensorData};
 use burn_dtensor::spmd::{self, Reduction};
-use burn_dtensor::{DTensorExt, DistributedBackend, Layout, Mesh, ReduceOp, distribute};
+use burn_dtensor::{
+    DTensorExt, DistributedBackend, Layout, Mesh, ReduceOp, StridedSend, distribute,
+};
 
 #[path = "common/mod.rs"]
 mod common;
@@ -351,16 +357,31 @@ fn worker() {
                 continue;
             }
             let reference = direct(name, side * side, p, reps);
-            let modes: &[(Reduction, &str)] = if from.is_partial() {
+            let modes: &[(Reduction, StridedSend, &str)] = if from.is_partial() {
                 &[
-                    (Reduction::Ordered, "dtensor-ordered"),
-                    (Reduction::Engine, "dtensor-engine"),
+                    (
+                        Reduction::Ordered,
+                        StridedSend::SingleCopy,
+                        "dtensor-ordered",
+                    ),
+                    (Reduction::Engine, StridedSend::SingleCopy, "dtensor-engine"),
+                ]
+            } else if name == "all-to-all" {
+                &[
+                    (Reduction::Ordered, StridedSend::SingleCopy, "dtensor"),
+                    (Reduction::Ordered, StridedSend::Pack, "dtensor-pack"),
+                    (
+                        Reduction::Ordered,
+                        StridedSend::Datatype,
+                        "dtensor-datatype",
+                    ),
                 ]
             } else {
-                &[(Reduction::Ordered, "dtensor")]
+                &[(Reduction::Ordered, StridedSend::SingleCopy, "dtensor")]
             };
-            for &(mode, path) in modes {
-                burn_dtensor::configure(burn_dtensor::config().with_reduction(mode));
+            for &(mode, send, path) in modes {
+                let c = burn_dtensor::config().with_reduction(mode);
+                burn_dtensor::configure(c.with_strided_send(send));
                 // A fresh input each repetition (a partial tensor memoises its reduced value,
                 // so relaying out clones of one would reduce once), all made before the clock
                 // starts: only the relayout is timed. Each result is dropped untimed before the
@@ -372,7 +393,8 @@ fn worker() {
                 );
                 line(name, path, t, factor, reference);
             }
-            burn_dtensor::configure(burn_dtensor::config().with_reduction(Reduction::Ordered));
+            let c = burn_dtensor::config().with_reduction(Reduction::Ordered);
+            burn_dtensor::configure(c.with_strided_send(StridedSend::SingleCopy));
             // The engine layer alone (`ProcessGroup`, with its timeout watchdog) on buffers of
             // the same bytes as the direct call.
             let n = bytes as usize;

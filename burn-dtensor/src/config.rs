@@ -10,9 +10,11 @@
 //! | [`Config::stacked_execution`] | `BURN_DTENSOR_STACKED` (`0` or `1`) | on | when a mesh is built |
 //! | [`Config::parallel_min_elements`] | `BURN_DTENSOR_PAR_MIN` (elements) | 262144 | at every op |
 //! | [`Config::gradient_bucket_bytes`] | `BURN_DTENSOR_BUCKET_KIB` (KiB; 0: off) | 64 KiB | at every [`crate::settle_gradients`] |
+//! | [`Config::strided_send`] | `BURN_DTENSOR_STRIDED_SEND` (`pack`, `datatype` or `single-copy`) | `single-copy` | at every cross-process all-to-all |
 //!
-//! Every process of an SPMD run must use the same reduction, engine and gradient bucket size:
-//! they are agreed on when a multi-process mesh is built ([`crate::spmd`]), and a difference is a typed error.
+//! Every process of an SPMD run must use the same reduction, engine, gradient bucket size and
+//! strided send: they are agreed on when a multi-process mesh is built ([`crate::spmd`]), and a
+//! difference is a typed error.
 //!
 //! ```
 //! use burn_dtensor::{Config, Reduction, configure, config};
@@ -71,6 +73,34 @@ impl ProcessEngine {
     }
 }
 
+/// How a cross-process all-to-all sends the parts of a shard that do not lie end to end in its
+/// memory (the column blocks of a row-major shard that moves from row to column sharding).
+/// All three move the same bytes and give the same result, bitwise; they differ in copies and
+/// speed (`benches/spmd_collectives.rs`, NOTES.md). Against a direct `MPI_Alltoall` of the same
+/// bytes on a 2-core VM (session 67), a 16.8 MB all-to-all ran at 0.87-0.93 of it written in a
+/// single copy, 0.55-0.59 packed and 0.50-0.53 through datatypes on 2 processes (0.73-0.92,
+/// 0.51-0.54 and 0.45-0.57 on 4 oversubscribed ones); on a 16-core Xeon host (session 61) the
+/// datatypes reached 0.80-0.91 where packing reached 0.56-0.71. Every process of an SPMD run
+/// must use the same one (agreed when a mesh is built).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StridedSend {
+    /// Each part is copied back to back into a send buffer, which the engine sends (every
+    /// engine).
+    Pack,
+    /// The engine reads each part where it lies: MPI through one derived datatype per peer
+    /// (nested `MPI_Type_create_hvector`s) and `MPI_Ialltoallw`, no send buffer. Engines
+    /// without derived datatypes (NCCL) pack.
+    Datatype,
+    /// Each process writes its parts straight into its peers' receive buffers through the
+    /// kernel (Linux cross-memory attach, `process_vm_writev`): one copy of each byte, as
+    /// Open MPI moves a contiguous message between processes of one host, where packing then
+    /// sending copies it twice. Used for tensors of at least 1 MiB (below that its two extra
+    /// rounds cost more than the copy) on MPI process groups whose members all run on one host
+    /// and may write into each other (checked once per group, by every member reading every
+    /// peer's memory); other groups, smaller tensors and other engines pack. The default.
+    SingleCopy,
+}
+
 /// The library's settings (see the [module docs](self) for each one's variable and default).
 /// Copy it, change it with the `with_*` methods, install it with [`configure`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -101,6 +131,8 @@ pub struct Config {
     /// 1.6-2.9x faster than the gradients one by one, of 32 KB at 0.8-1.0x, of 256 KB at
     /// 0.4-0.6x (the copies cost more than the latency saved).
     pub gradient_bucket_bytes: usize,
+    /// How a cross-process all-to-all sends a shard's strided parts.
+    pub strided_send: StridedSend,
 }
 
 impl Default for Config {
@@ -113,6 +145,7 @@ impl Default for Config {
             stacked_execution: true,
             parallel_min_elements: 256 * 1024,
             gradient_bucket_bytes: 64 << 10,
+            strided_send: StridedSend::SingleCopy,
         }
     }
 }
@@ -186,6 +219,18 @@ impl Config {
                 .and_then(|k| k.checked_mul(1024))
                 .ok_or_else(|| bad(BUCKET, &v, "a number of KiB, e.g. 64 (0: no buckets)"))?;
         }
+        const STRIDED: &str = "BURN_DTENSOR_STRIDED_SEND";
+        if let Some(v) = get(STRIDED) {
+            c.strided_send = match v.trim() {
+                "pack" => StridedSend::Pack,
+                "datatype" => StridedSend::Datatype,
+                "single-copy" => StridedSend::SingleCopy,
+                _ => {
+                    let expected = "`single-copy` (the default), `pack` or `datatype`";
+                    return Err(bad(STRIDED, &v, expected));
+                }
+            };
+        }
         Ok(c)
     }
 
@@ -217,6 +262,11 @@ impl Config {
     /// With [`Config::gradient_bucket_bytes`] set to `bytes` (0: no buckets).
     pub fn with_gradient_bucket_bytes(mut self, bytes: usize) -> Self {
         self.gradient_bucket_bytes = bytes;
+        self
+    }
+    /// With [`Config::strided_send`] set to `s`.
+    pub fn with_strided_send(mut self, s: StridedSend) -> Self {
+        self.strided_send = s;
         self
     }
 }
@@ -292,6 +342,7 @@ mod tests {
             ("BURN_DTENSOR_STACKED", "0"),
             ("BURN_DTENSOR_PAR_MIN", "16"),
             ("BURN_DTENSOR_BUCKET_KIB", "512"),
+            ("BURN_DTENSOR_STRIDED_SEND", "pack"),
         ]))
         .unwrap();
         assert_eq!(
@@ -303,6 +354,7 @@ mod tests {
                 .with_stacked_execution(false)
                 .with_parallel_min_elements(16)
                 .with_gradient_bucket_bytes(512 << 10)
+                .with_strided_send(StridedSend::Pack)
         );
         for (var, value, says) in [
             ("BURN_DTENSOR_COLLECTIVE_TIMEOUT_S", "-1", "positive number"),
@@ -311,6 +363,7 @@ mod tests {
             ("BURN_DTENSOR_STACKED", "yes", "`0`"),
             ("BURN_DTENSOR_PAR_MIN", "lots", "number of elements"),
             ("BURN_DTENSOR_BUCKET_KIB", "-3", "number of KiB"),
+            ("BURN_DTENSOR_STRIDED_SEND", "typed", "`single-copy`"),
         ] {
             let e = Config::from_vars(|k| (k == var).then(|| value.to_string())).unwrap_err();
             let text = e.to_string();

@@ -201,7 +201,11 @@ fn strides(shape: &[usize]) -> Vec<usize> {
 
 /// Calls `f(src_offset, dst_offset, len)` (in elements) for every contiguous run of the box
 /// `ranges` inside a tensor of `shape`, where dst is the box itself laid out row-major.
-fn for_each_run(shape: &[usize], ranges: &[Range<usize>], mut f: impl FnMut(usize, usize, usize)) {
+pub(crate) fn for_each_run(
+    shape: &[usize],
+    ranges: &[Range<usize>],
+    mut f: impl FnMut(usize, usize, usize),
+) {
     let rank = shape.len();
     if rank == 0 {
         f(0, 0, 1);
@@ -675,29 +679,36 @@ pub fn stack(
     Ok(TensorData::from_bytes_vec(out, shape, data.dtype))
 }
 
+/// Where the box `ranges` of a row-major tensor of `shape` starts (in elements) when it is one
+/// contiguous run of the buffer (every dim after the first one it spans more than one index of
+/// is whole), else `None`.
+pub fn contiguous_start(shape: &[usize], ranges: &[Range<usize>]) -> Option<usize> {
+    let first = ranges
+        .iter()
+        .position(|r| r.len() > 1)
+        .unwrap_or(ranges.len());
+    if ranges
+        .iter()
+        .zip(shape)
+        .skip(first + 1)
+        .any(|(r, &n)| r.start != 0 || r.end != n)
+    {
+        return None;
+    }
+    Some(
+        ranges
+            .iter()
+            .zip(shape)
+            .fold(0, |acc, (r, &n)| acc * n + r.start),
+    )
+}
+
 /// Whether `boxes` of a row-major tensor of `shape` are contiguous runs of its buffer that follow
 /// one another from its start to its end.
 pub fn consecutive(shape: &[usize], boxes: &[Vec<Range<usize>>]) -> bool {
     let mut next = 0;
     for ranges in boxes {
-        // Contiguous: every dim after the first one the box spans more than one index of is whole.
-        let first = ranges
-            .iter()
-            .position(|r| r.len() > 1)
-            .unwrap_or(ranges.len());
-        if ranges
-            .iter()
-            .zip(shape)
-            .skip(first + 1)
-            .any(|(r, &n)| r.start != 0 || r.end != n)
-        {
-            return false;
-        }
-        let start = ranges
-            .iter()
-            .zip(shape)
-            .fold(0, |acc, (r, &n)| acc * n + r.start);
-        if start != next {
+        if contiguous_start(shape, ranges) != Some(next) {
             return false;
         }
         next += box_numel(ranges);

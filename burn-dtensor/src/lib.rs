@@ -93,7 +93,7 @@ pub use api::{
 };
 pub use backend::DistributedBackend;
 pub use comm::{CollectiveKind, CommDebugMode, CommEvent, CommLog, record_comms};
-pub use config::{Config, ProcessEngine, Reduction, config, configure, try_config};
+pub use config::{Config, ProcessEngine, Reduction, StridedSend, config, configure, try_config};
 pub use creation::with_creation_layout;
 pub use device::DistributedDevice;
 pub use error::{DTensorError, Result};

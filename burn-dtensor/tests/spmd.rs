@@ -20,8 +20,8 @@ use burn::module::Param;
 use burn::optim::GradientsParams;
 use burn::tensor::{Tensor, TensorData};
 use burn_dtensor::{
-    CollectiveKind, DTensorExt, DistributedBackend, Layout, Mesh, ReduceOp, UNSHARDED, config,
-    configure, distribute, record_comms, settle_gradients, spmd,
+    CollectiveKind, DTensorExt, DistributedBackend, Layout, Mesh, ReduceOp, StridedSend, UNSHARDED,
+    config, configure, distribute, record_comms, settle_gradients, spmd,
 };
 
 type N = NdArray<f32>;
@@ -516,6 +516,72 @@ fn engine_reduction_across_processes() {
         }
     }
     burn_dtensor::configure(burn_dtensor::config().with_reduction(spmd::Reduction::Ordered));
+    done(name);
+}
+
+/// An all-to-all whose parts are strided boxes of the shard, sent by MPI through derived
+/// datatypes (`StridedSend::Datatype`: `MPI_Ialltoallw` over nested hvectors, no pack) or
+/// written into the peers' buffers (`StridedSend::SingleCopy`: `process_vm_writev`, for
+/// tensors of 1 MiB and more): every settled rank-3 layout relaid out to every other, even,
+/// uneven and empty shards, gives the packed send's shards bitwise, the same collectives, and
+/// the whole tensor's bytes gathered.
+#[test]
+fn strided_sends_across_processes() {
+    let name = "strided_sends_across_processes";
+    if launched(name, &[2, 4]) {
+        return;
+    }
+    for m in meshes() {
+        let axes: Vec<String> = m.topology().axes().iter().map(|(a, _)| a.clone()).collect();
+        let mut opts = vec![UNSHARDED.to_string()];
+        opts.extend(axes.iter().cloned());
+        let mut ls = Vec::new();
+        for d0 in &opts {
+            for d1 in &opts {
+                for d2 in &opts {
+                    let ds = [d0.as_str(), d1.as_str(), d2.as_str()];
+                    if let Ok(l) = Layout::new(&m, ds) {
+                        ls.push(l);
+                    }
+                }
+            }
+        }
+        assert!(ls.len() > 3, "{m}: layouts");
+        // Over 1 MiB the single copy runs (smaller tensors are packed): on the one-axis mesh.
+        let mut shapes = vec![[4, 6, 8], [5, 3, 2], [2, 1, 7]];
+        if axes.len() == 1 {
+            shapes.push([8, 128, 260]);
+        }
+        for shape in shapes {
+            let n: usize = shape.iter().product();
+            let v: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 3.0).collect();
+            let dx = TensorData::new(v, shape);
+            for la in &ls {
+                for lb in &ls {
+                    let relaid = |s: StridedSend| {
+                        configure(config().with_strided_send(s));
+                        let x: Tensor<DB, 3> = distribute(dx.clone(), la).unwrap();
+                        record_comms(|| x.relayout(lb).unwrap())
+                    };
+                    let (packed, log) = relaid(StridedSend::Pack);
+                    assert_eq!(packed.clone().into_data(), dx, "{la} -> {lb}: gathered");
+                    for send in [StridedSend::Datatype, StridedSend::SingleCopy] {
+                        let (sent, log_s) = relaid(send);
+                        let what = format!("{shape:?} {la} -> {lb} ({send:?})");
+                        assert_eq!(log, log_s, "{what}: collectives");
+                        let a = packed.clone().to_local_shards();
+                        let b = sent.clone().to_local_shards();
+                        assert_eq!(a.len(), b.len(), "{what}");
+                        for (a, b) in a.into_iter().zip(b) {
+                            assert_eq!(a.into_data(), b.into_data(), "{what}: shards");
+                        }
+                        assert_eq!(sent.into_data(), dx, "{what}: gathered");
+                    }
+                }
+            }
+        }
+    }
+    configure(config().with_strided_send(burn_dtensor::Config::default().strided_send));
     done(name);
 }
 

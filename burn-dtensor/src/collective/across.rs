@@ -498,26 +498,12 @@ pub(crate) fn all_to_all<B: Backend, K: Kind<B>>(
     let parts: Vec<Vec<Range<usize>>> = (0..p)
         .map(|q| with(&shape, to_dim, block(n_to, k, l, q)))
         .collect();
-    let send_counts: Vec<usize> = parts.iter().map(|b| host::box_numel(b) * es).collect();
     // This process's own part never goes through the engine: it is copied from the shard
     // straight into its place in the receive buffer (below), one copy where packing it and the
-    // engine's local copy made two. The other parts are sent from the shard's bytes where they
-    // lie end to end in it (blocks of a leading dim), else packed back to back first.
-    let as_is = host::consecutive(&shape, &parts);
-    let mut send = host::scratch(0);
-    let send_at = if as_is {
-        offsets(&send_counts)
-    } else {
-        let mut at = vec![0; p];
-        for (q, part) in parts.iter().enumerate() {
-            at[q] = send.len();
-            if q != me {
-                host::append_box(&shape, es, data.bytes(), part, &mut send);
-            }
-        }
-        at
-    };
-    let bytes: &[u8] = if as_is { data.bytes() } else { &send };
+    // engine's local copy made two. The others go as boxes of the shard, which the engine
+    // sends as they lie where each is a contiguous run (blocks of a leading dim), else packs,
+    // reads in place or writes into its peers (`Config::strided_send`): every process calls the
+    // same engine method, whatever its own shard's shape.
     // Process q's block of `from_dim`, this process's block of `to_dim`.
     let mut out_shape = shape.clone();
     out_shape[from_dim] = n_from;
@@ -540,18 +526,25 @@ pub(crate) fn all_to_all<B: Backend, K: Kind<B>>(
     let got = unsafe {
         HostBuffer::received(total, dtype, |got| {
             host::read_box_into(&shape, es, data.bytes(), &parts[me], &mut got[mine]);
-            pg.all_to_all_placed(
-                bytes,
-                (&others(&send_counts), &send_at),
+            let recv_parts = (&others(&recv_counts)[..], &recv_at[..]);
+            let boxes: Vec<Option<&[Range<usize>]>> = (0..p)
+                .map(|q| (q != me).then_some(parts[q].as_slice()))
+                .collect();
+            let array = (&shape[..], es);
+            let global_bytes = global.iter().product::<usize>() * es;
+            pg.all_to_all_boxes(
+                data.bytes(),
+                array,
+                &boxes,
                 got,
-                (&others(&recv_counts), &recv_at),
+                recv_parts,
+                global_bytes,
                 &w,
             )
         })
     };
     drop(data);
     let received = (total - recv_counts[me]) as u64;
-    host::return_scratch(send);
     // Blocks that lie end to end (of a leading dim) need no assembly.
     let out = if host::consecutive(&out_shape, &boxes) {
         got

@@ -1,6 +1,7 @@
 //! The two interfaces a collective engine implements, and the reduction they apply: a leaf
-//! module (it imports nothing of the crate but its error type), so that the engines, the mesh,
-//! the layouts and the SPMD world all depend on it and never on each other through it.
+//! module (it imports nothing of the crate but `host`'s byte helpers, themselves a leaf), so
+//! that the engines, the mesh, the layouts and the SPMD world all depend on it and never on
+//! each other through it.
 //!
 //! - [`LocalEngine`]: a fused in-process step over the shards of one group that a process holds
 //!   (CubeCL kernels, NCCL across the CUDA devices of one process), chosen per mesh in
@@ -10,6 +11,7 @@
 
 use std::any::Any;
 use std::mem::MaybeUninit;
+use std::ops::Range;
 use std::sync::Arc;
 
 use burn::tensor::DType;
@@ -110,6 +112,88 @@ fn filled(n: usize, fill: impl FnOnce(&mut [MaybeUninit<u8>])) -> Vec<u8> {
     // SAFETY: `fill` initialised the first `n` bytes (the contract of `ProcessGroup`'s methods).
     unsafe { v.set_len(n) };
     v
+}
+
+/// The boxes of [`ProcessGroup::all_to_all_boxes`] as parts of one send buffer: `send` itself
+/// when every box is a contiguous run of it (blocks of a leading dim: nothing to pack), else
+/// the boxes packed back to back (in a buffer from `host::scratch`). Returns the packed bytes
+/// (`None`: send `send` as it is), each box's byte count and offset.
+///
+/// # Panics
+/// When `send` is not the size of `shape` or a box lies outside it.
+pub(crate) fn pack_boxes(
+    send: &[u8],
+    (shape, elem): (&[usize], usize),
+    boxes: &[Option<&[Range<usize>]>],
+) -> (Option<Vec<u8>>, Vec<usize>, Vec<usize>) {
+    check_boxes(send.len(), (shape, elem), boxes);
+    let numel = |b: &[Range<usize>]| crate::host::box_numel(b);
+    let counts: Vec<usize> = boxes.iter().map(|b| b.map_or(0, numel) * elem).collect();
+    let in_place: Option<Vec<usize>> = boxes
+        .iter()
+        .map(|b| match b {
+            Some(b) if numel(b) > 0 => crate::host::contiguous_start(shape, b).map(|s| s * elem),
+            _ => Some(0),
+        })
+        .collect();
+    if let Some(at) = in_place {
+        return (None, counts, at);
+    }
+    let mut packed = crate::host::scratch(0);
+    let mut at = Vec::with_capacity(boxes.len());
+    for b in boxes {
+        at.push(packed.len());
+        if let Some(b) = b {
+            crate::host::append_box(shape, elem, send, b, &mut packed);
+        }
+    }
+    (Some(packed), counts, at)
+}
+
+/// [`ProcessGroup::all_to_all_boxes`] by packing: the boxes back to back, or as they lie
+/// when each is a contiguous run ([`pack_boxes`]), then [`ProcessGroup::all_to_all_placed`].
+/// The trait's default, and an engine's fallback.
+pub(crate) fn packed_all_to_all<G: ProcessGroup + ?Sized>(
+    pg: &G,
+    send: &[u8],
+    array: (&[usize], usize),
+    send_boxes: &[Option<&[Range<usize>]>],
+    recv: &mut [MaybeUninit<u8>],
+    recv_parts: (&[usize], &[usize]),
+    what: &str,
+) {
+    let (packed, counts, at) = pack_boxes(send, array, send_boxes);
+    let bytes = packed.as_deref().unwrap_or(send);
+    pg.all_to_all_placed(bytes, (&counts, &at), recv, recv_parts, what);
+    if let Some(packed) = packed {
+        crate::host::return_scratch(packed);
+    }
+}
+
+/// Checks that `send` holds the array of `shape` (`elem` bytes an element) and every box lies
+/// inside it, one range per dim.
+///
+/// # Panics
+/// Naming what is wrong (a caller's bug: the library builds the boxes).
+pub(crate) fn check_boxes(
+    len: usize,
+    (shape, elem): (&[usize], usize),
+    boxes: &[Option<&[Range<usize>]>],
+) {
+    assert_eq!(
+        len,
+        shape.iter().product::<usize>() * elem,
+        "burn-dtensor: an all-to-all's send buffer is not its array of {shape:?}"
+    );
+    for b in boxes.iter().flatten() {
+        assert!(
+            b.len() == shape.len()
+                && b.iter()
+                    .zip(shape)
+                    .all(|(r, &n)| r.start <= r.end && r.end <= n),
+            "burn-dtensor: an all-to-all's box {b:?} lies outside its array of {shape:?}"
+        );
+    }
 }
 
 /// A group of processes that run collectives together: the world, or the processes along one
@@ -298,6 +382,48 @@ pub unsafe trait ProcessGroup: Send + Sync {
             write_bytes(&mut recv[at..at + c], &got[from..from + c]);
             from += c;
         }
+    }
+    /// [`ProcessGroup::all_to_all_placed`] with the send parts read from a row-major array:
+    /// the part for member `r` is the box `send_boxes[r]` (one range per dim of `shape`, in
+    /// elements of `elem` bytes; `None` sends nothing) of the array of `shape` in `send`, sent in
+    /// the box's row-major order. The receive side is [`ProcessGroup::all_to_all_placed`]'s.
+    /// How an engine reads the boxes is [`Config::strided_send`](crate::Config::strided_send);
+    /// `global_bytes` (the exchanged tensor's whole size, equal on every member) lets it choose
+    /// by size, all members alike.
+    ///
+    /// # Panics
+    /// When a box lies outside `shape` or `send` is not the array's size, or as
+    /// [`ProcessGroup::all_to_all_placed`].
+    ///
+    /// Every member must call it for the same all-to-all (not some this method, some
+    /// [`ProcessGroup::all_to_all_placed`]): an engine may run it as another collective.
+    ///
+    /// The default packs the boxes back to back (unless each is a contiguous run already,
+    /// [`pack_boxes`]) and calls [`ProcessGroup::all_to_all_placed`]; MPI may instead hand
+    /// `MPI_Ialltoallw` one datatype per box
+    /// ([`StridedSend::Datatype`](crate::StridedSend::Datatype)) or write each box into its
+    /// member's receive buffer ([`StridedSend::SingleCopy`](crate::StridedSend::SingleCopy)).
+    #[allow(clippy::too_many_arguments)]
+    fn all_to_all_boxes(
+        &self,
+        send: &[u8],
+        (shape, elem): (&[usize], usize),
+        send_boxes: &[Option<&[Range<usize>]>],
+        recv: &mut [MaybeUninit<u8>],
+        recv_parts: (&[usize], &[usize]),
+        global_bytes: usize,
+        what: &str,
+    ) {
+        let _ = global_bytes;
+        packed_all_to_all(
+            self,
+            send,
+            (shape, elem),
+            send_boxes,
+            recv,
+            recv_parts,
+            what,
+        )
     }
     /// [`ProcessGroup::all_to_all_into`] into a new byte buffer.
     fn all_to_all(

@@ -23,6 +23,8 @@
 //! [`stacked`] runs them on tensors held in stacked form on a virtual mesh ([`crate::stack`]).
 
 pub(crate) mod across;
+#[cfg(all(feature = "mpi", target_os = "linux"))]
+pub(crate) mod cma;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod cube;
 pub(crate) mod engine;

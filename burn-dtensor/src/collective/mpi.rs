@@ -14,7 +14,7 @@
 
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use burn::tensor::DType;
@@ -27,8 +27,10 @@ use mpi::request::{Request, Scope, scope};
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
 
-use super::interface::{ProcessGroup, ReduceOp, check_parts, offsets, own_part};
-use crate::config::config;
+use super::interface::{
+    ProcessGroup, ReduceOp, check_boxes, check_parts, offsets, own_part, packed_all_to_all,
+};
+use crate::config::{StridedSend, config};
 use crate::error::{DTensorError, Result};
 use crate::fault::collective_failed;
 
@@ -47,6 +49,10 @@ pub(crate) struct MpiGroup {
     rank: usize,
     size: usize,
     world_ranks: Vec<usize>,
+    /// The members' pids when every member can write into every other's memory
+    /// ([`MpiGroup::single_copy_pids`], probed at the first single-copy all-to-all), else
+    /// `None`.
+    single_copy: OnceLock<Option<Vec<u64>>>,
 }
 
 extern "C" fn finalize() {
@@ -88,6 +94,7 @@ pub(crate) fn world() -> Result<Arc<dyn ProcessGroup>> {
         rank,
         size,
         world_ranks: (0..size).collect(),
+        single_copy: OnceLock::new(),
     }))
 }
 
@@ -225,6 +232,168 @@ fn count(n: usize, what: &str) -> i32 {
 }
 
 impl MpiGroup {
+    /// The frame of the all-to-alls: checks the receive parts (one per member, inside `recv`)
+    /// and MPI's `int` limit on both buffers, takes `LOCK`, lets `start` begin the non-blocking
+    /// call on the buffers' pointers, the receive parts' byte counts and offsets and the
+    /// request, and waits on it (the larger of `sent` and the received bytes choosing how hard
+    /// it polls) against the collective timeout; what `start` returns (its argument arrays and
+    /// datatypes, which MPI reads until the call completes) is dropped after the wait, under
+    /// the lock.
+    ///
+    /// # Panics
+    /// When a receive part lies outside `recv`, or a buffer exceeds MPI's 2 GiB count.
+    fn exchange<R>(
+        &self,
+        send: &[u8],
+        recv: &mut [MaybeUninit<u8>],
+        (recv_counts, recv_at): (&[usize], &[usize]),
+        sent: usize,
+        what: &str,
+        start: impl FnOnce(*mut c_void, *mut c_void, &[i32], &[i32], &mut ffi::MPI_Request) -> R,
+    ) {
+        check_parts(recv.len(), (recv_counts, recv_at), what);
+        assert_eq!(
+            recv_counts.len(),
+            self.size,
+            "burn-dtensor: all-to-all counts (one per member)"
+        );
+        assert!(
+            recv.len() <= i32::MAX as usize && send.len() <= i32::MAX as usize,
+            "burn-dtensor: a cross-process all-to-all of {} bytes exceeds MPI's 2 GiB count",
+            recv.len().max(send.len())
+        );
+        let total: usize = recv_counts.iter().sum();
+        let (mut spare_r, mut spare_s) = ([0u8; 8], [0u8; 8]);
+        let recv_ptr = never_dangling(recv.as_ptr(), recv.len(), &mut spare_r);
+        let send_ptr = never_dangling(send.as_ptr(), send.len(), &mut spare_s);
+        let (rc, rd) = (byte_counts(recv_counts, what), byte_counts(recv_at, what));
+        let _guard = LOCK.lock().unwrap();
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        let keep = start(send_ptr, recv_ptr, &rc, &rd, &mut req);
+        wait_raw(req, total.max(sent), what, &self.world_ranks);
+        drop(keep);
+    }
+
+    /// The members' pids, in group rank order, when every member can write into every other's
+    /// memory through the kernel ([`super::cma`]): probed once per group, at its first
+    /// single-copy all-to-all, by an all-gather of the members' [`Identity`]s, each member
+    /// reading every peer's token, and an all-reduce of the verdicts, so that every member
+    /// agrees. `None` (always, off Linux) sends every all-to-all of the group packed. Collective;
+    /// the caller does not hold `LOCK`.
+    fn single_copy_pids(&self, what: &str) -> Option<&[u64]> {
+        #[cfg(target_os = "linux")]
+        let probe = || {
+            use super::cma::{Identity, reaches};
+            let w = format!("{what} (probing single-copy writes)");
+            let own = Identity::own().to_bytes();
+            let all = self.all_gather(&own, &vec![Identity::BYTES; self.size], &w);
+            let peers: Vec<Identity> = all
+                .chunks(Identity::BYTES)
+                .map(Identity::from_bytes)
+                .collect();
+            let ok = (0..self.size).all(|q| q == self.rank || reaches(peers[q]));
+            let mut verdict = (ok as u32).to_le_bytes();
+            self.all_reduce(&mut verdict, DType::U32, ReduceOp::Min, &w);
+            (u32::from_le_bytes(verdict) == 1).then(|| peers.iter().map(|p| p.pid).collect())
+        };
+        #[cfg(not(target_os = "linux"))]
+        let probe = || None;
+        self.single_copy.get_or_init(probe).as_deref()
+    }
+
+    /// [`ProcessGroup::all_to_all_boxes`] by cross-memory attach ([`super::cma`]): once every
+    /// member has arrived, the members tell each other where in their receive buffers each
+    /// part goes (an all-to-all of an address and a byte count per pair), each writes its
+    /// boxes there from where they lie in `send` (`process_vm_writev`, one copy), and a barrier
+    /// tells every member that its parts have arrived. `pids` are the members'
+    /// ([`MpiGroup::single_copy_pids`]).
+    ///
+    /// # Panics
+    /// When a member expects a part of another size than this process sends (a caller's bug),
+    /// or the kernel refuses a write after the group's probe passed (a peer gone): the fault
+    /// policy's panic hook then ends the job.
+    #[allow(clippy::too_many_arguments)]
+    fn single_copy_all_to_all(
+        &self,
+        pids: &[u64],
+        send: &[u8],
+        (shape, elem): (&[usize], usize),
+        send_boxes: &[Option<&[std::ops::Range<usize>]>],
+        recv: &mut [MaybeUninit<u8>],
+        (recv_counts, recv_at): (&[usize], &[usize]),
+        what: &str,
+    ) {
+        check_boxes(send.len(), (shape, elem), send_boxes);
+        check_parts(recv.len(), (recv_counts, recv_at), what);
+        assert!(
+            send_boxes.len() == self.size && recv_counts.len() == self.size,
+            "burn-dtensor: all-to-all boxes and counts (one per member)"
+        );
+        let base = recv.as_mut_ptr() as u64;
+        let wanted: Vec<u8> = (0..self.size)
+            .flat_map(|q| [base + recv_at[q] as u64, recv_counts[q] as u64])
+            .flat_map(u64::to_le_bytes)
+            .collect();
+        // Every member is here (a polled barrier, against the collective timeout), then the
+        // addresses go round in one blocking `MPI_Alltoall` and the writes end at a blocking
+        // `MPI_Barrier`, as the large collectives run ([`LARGE_BYTES`]): each non-blocking
+        // round progresses only while polled, and on an oversubscribed host the three rounds
+        // as `libnbc` operations made the exchange 2-4x slower than the packed one.
+        let comm = self.comm.0.as_raw();
+        let guard = LOCK.lock().unwrap();
+        self.arrive(what);
+        let mut wants = vec![0u8; 16 * self.size];
+        // SAFETY: 16 bytes from and to each member, inside the two buffers; blocking call.
+        unsafe {
+            ffi::MPI_Alltoall(
+                wanted.as_ptr() as *mut c_void,
+                16,
+                bytes_type(),
+                wants.as_mut_ptr().cast(),
+                16,
+                bytes_type(),
+                comm,
+            )
+        };
+        drop(guard);
+        for (q, b) in send_boxes.iter().enumerate() {
+            let v = |i: usize| {
+                let at = q * 16 + i * 8;
+                u64::from_le_bytes(wants[at..at + 8].try_into().unwrap())
+            };
+            let (at, len) = (v(0), v(1) as usize);
+            let bytes = b.map_or(0, |b| crate::host::box_numel(b) * elem);
+            if q == self.rank {
+                continue;
+            }
+            assert_eq!(
+                len, bytes,
+                "burn-dtensor: {what}: member {q} expects {len} bytes, this process sends {bytes}"
+            );
+            if let Some(b) = b.filter(|_| bytes > 0) {
+                // SAFETY: member `q` gave `at` as the start of the `len` bytes of its receive
+                // buffer that hold this process's part (checked against its buffer there), and
+                // leaves them alone until the barrier below.
+                #[cfg(target_os = "linux")]
+                let wrote = unsafe { super::cma::write_box(pids[q], (shape, elem), send, b, at) };
+                // Never reached: `single_copy_pids` is `None` off Linux.
+                #[cfg(not(target_os = "linux"))]
+                let wrote: std::io::Result<()> =
+                    Err(std::io::Error::other("single-copy writes need Linux"));
+                if let Err(e) = wrote {
+                    let (rank, pid) = (self.world_ranks[q], pids[q]);
+                    panic!(
+                        "burn-dtensor: {what}: writing {bytes} bytes into rank {rank} \
+                         (pid {pid}) failed: {e}"
+                    );
+                }
+            }
+        }
+        let _guard = LOCK.lock().unwrap();
+        // SAFETY: a plain barrier on this group's communicator.
+        unsafe { ffi::MPI_Barrier(comm) };
+    }
+
     /// Waits, against the collective timeout, until every member has reached this collective
     /// (`MPI_Ibarrier`, polled): the check before a blocking call on a large message, so that
     /// a peer that stopped or died before it still ends the job with a message naming `what`.
@@ -370,6 +539,42 @@ fn never_dangling<T>(ptr: *const T, len: usize, spare: &mut [u8; 8]) -> *mut c_v
     }
 }
 
+/// The box `b` (one range per dim) of a row-major array of `shape` with `elem`-byte elements as
+/// one committed MPI datatype, and the byte offset of its first element: its trailing dims that
+/// the box covers whole merge with the dim before them into one contiguous run of bytes, and
+/// each dim before that is an `MPI_Type_create_hvector` (one block per index, the dim's stride
+/// in bytes apart) around the type of the dims after it. `None` for an empty box. Call with
+/// `LOCK` held.
+///
+/// # Panics
+/// When a run, a count or the offset exceeds MPI's `int`.
+fn box_type(
+    shape: &[usize],
+    elem: usize,
+    b: &[std::ops::Range<usize>],
+) -> Option<(mpi::datatype::UserDatatype, usize)> {
+    use mpi::datatype::UncommittedUserDatatype as Type;
+    if shape.is_empty() || b.iter().any(|r| r.is_empty()) {
+        return None;
+    }
+    let mut strides = vec![elem; shape.len()];
+    for d in (0..shape.len() - 1).rev() {
+        strides[d] = strides[d + 1] * shape[d + 1];
+    }
+    let at = b.iter().zip(&strides).map(|(r, s)| r.start * s).sum();
+    let (mut d, mut run) = (shape.len() - 1, elem * b[shape.len() - 1].len());
+    while d > 0 && b[d].len() == shape[d] {
+        d -= 1;
+        run *= b[d].len();
+    }
+    let what = "an all-to-all's datatype";
+    let mut ty = Type::contiguous(count(run, what), &u8::equivalent_datatype());
+    for dd in (0..d).rev() {
+        ty = Type::heterogeneous_vector(count(b[dd].len(), what), 1, strides[dd] as _, &ty);
+    }
+    Some((ty.commit(), at))
+}
+
 /// The MPI library's `MPI_IN_PLACE`, a C macro that rsmpi does not export: `(void *) 1` in
 /// Open MPI's `mpi.h`, `(void *) -1` in MPICH's (and its derivatives'), read from
 /// `MPI_Get_library_version` once. `None` for another library: the in-place all-reduce then
@@ -428,6 +633,7 @@ unsafe impl ProcessGroup for MpiGroup {
             rank,
             size,
             world_ranks: Vec::new(),
+            single_copy: OnceLock::new(),
         };
         let me = self.world_ranks[self.rank] as u64;
         let all = g.all_gather(
@@ -605,53 +811,128 @@ unsafe impl ProcessGroup for MpiGroup {
         send: &[u8],
         (send_counts, send_at): (&[usize], &[usize]),
         recv: &mut [MaybeUninit<u8>],
-        (recv_counts, recv_at): (&[usize], &[usize]),
+        recv_parts: (&[usize], &[usize]),
         what: &str,
     ) {
         check_parts(send.len(), (send_counts, send_at), what);
-        check_parts(recv.len(), (recv_counts, recv_at), what);
-        assert!(
-            send_counts.len() == self.size && recv_counts.len() == self.size,
+        assert_eq!(
+            send_counts.len(),
+            self.size,
             "burn-dtensor: all-to-all counts (one per member)"
         );
         // The parts lie inside the buffers (checked), so offsets and counts fit MPI's `int`
-        // when the buffers do.
-        assert!(
-            recv.len() <= i32::MAX as usize && send.len() <= i32::MAX as usize,
-            "burn-dtensor: a cross-process all-to-all of {} bytes exceeds MPI's 2 GiB count",
-            recv.len().max(send.len())
+        // when the buffers do (checked by `exchange`).
+        let sent = send_counts.iter().sum();
+        self.exchange(send, recv, recv_parts, sent, what, |s, r, rc, rd, req| {
+            let (sc, sd) = (byte_counts(send_counts, what), byte_counts(send_at, what));
+            let t = bytes_type();
+            // SAFETY: every part lies inside its buffer (checked above and by `exchange`);
+            // every buffer outlives the wait of `exchange`.
+            unsafe {
+                ffi::MPI_Ialltoallv(
+                    s,
+                    sc.as_ptr(),
+                    sd.as_ptr(),
+                    t,
+                    r,
+                    rc.as_ptr(),
+                    rd.as_ptr(),
+                    t,
+                    self.comm.0.as_raw(),
+                    req,
+                )
+            };
+            // A non-blocking collective reads its argument arrays until it completes.
+            (sc, sd)
+        });
+    }
+    /// By [`Config::strided_send`](crate::Config::strided_send):
+    /// - [`StridedSend::Datatype`]: `MPI_Ialltoallw`, each box one datatype over `send` (nested
+    ///   `MPI_Type_create_hvector`s around its contiguous runs, [`box_type`]), so MPI reads the
+    ///   parts where they lie and no send buffer is packed; waited on against the collective
+    ///   timeout;
+    /// - [`StridedSend::SingleCopy`]: each box written straight into its member's receive
+    ///   buffer ([`MpiGroup::single_copy_all_to_all`]) where the group allows it
+    ///   ([`MpiGroup::single_copy_pids`]) and the tensor has at least [`LARGE_BYTES`]
+    ///   (`global_bytes`), else packed;
+    /// - [`StridedSend::Pack`]: the trait's packing.
+    fn all_to_all_boxes(
+        &self,
+        send: &[u8],
+        (shape, elem): (&[usize], usize),
+        send_boxes: &[Option<&[std::ops::Range<usize>]>],
+        recv: &mut [MaybeUninit<u8>],
+        recv_parts: (&[usize], &[usize]),
+        global_bytes: usize,
+        what: &str,
+    ) {
+        let array = (shape, elem);
+        match config().strided_send {
+            StridedSend::Pack => {
+                return packed_all_to_all(self, send, array, send_boxes, recv, recv_parts, what);
+            }
+            // Two rounds (the addresses, then the barrier) cost more than the copy they save
+            // below a large message.
+            StridedSend::SingleCopy if global_bytes >= LARGE_BYTES => {
+                return match self.single_copy_pids(what) {
+                    Some(pids) => self.single_copy_all_to_all(
+                        pids, send, array, send_boxes, recv, recv_parts, what,
+                    ),
+                    None => {
+                        packed_all_to_all(self, send, array, send_boxes, recv, recv_parts, what)
+                    }
+                };
+            }
+            StridedSend::SingleCopy => {
+                return packed_all_to_all(self, send, array, send_boxes, recv, recv_parts, what);
+            }
+            StridedSend::Datatype => {}
+        }
+        check_boxes(send.len(), (shape, elem), send_boxes);
+        assert_eq!(
+            send_boxes.len(),
+            self.size,
+            "burn-dtensor: all-to-all boxes (one per member)"
         );
-        let total: usize = recv_counts.iter().sum();
-        let (mut spare_r, mut spare_s) = ([0u8; 8], [0u8; 8]);
-        let recv_ptr = never_dangling(recv.as_ptr(), recv.len(), &mut spare_r);
-        let send_ptr = never_dangling(send.as_ptr(), send.len(), &mut spare_s);
-        let (sc, sd, rc, rd) = (
-            byte_counts(send_counts, what),
-            byte_counts(send_at, what),
-            byte_counts(recv_counts, what),
-            byte_counts(recv_at, what),
-        );
-        let t = bytes_type();
-        let _guard = LOCK.lock().unwrap();
-        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
-        // SAFETY: every part lies inside its buffer (checked above); every buffer outlives the
-        // wait below.
-        unsafe {
-            ffi::MPI_Ialltoallv(
-                send_ptr,
-                sc.as_ptr(),
-                sd.as_ptr(),
-                t,
-                recv_ptr,
-                rc.as_ptr(),
-                rd.as_ptr(),
-                t,
-                self.comm.0.as_raw(),
-                &mut req,
-            )
-        };
-        let sent: usize = send_counts.iter().sum();
-        wait_raw(req, total.max(sent), what, &self.world_ranks);
+        let sent = send.len();
+        self.exchange(send, recv, recv_parts, sent, what, |s, r, rc, rd, req| {
+            // One committed type per non-empty box, freed when `exchange` drops them after
+            // the wait (under the lock).
+            let types: Vec<Option<(mpi::datatype::UserDatatype, usize)>> = send_boxes
+                .iter()
+                .map(|b| b.and_then(|b| box_type(shape, elem, b)))
+                .collect();
+            let sc: Vec<i32> = types.iter().map(|t| t.is_some() as i32).collect();
+            let sd: Vec<i32> = types
+                .iter()
+                .map(|t| t.as_ref().map_or(0, |(_, at)| count(*at, what)))
+                .collect();
+            let t = bytes_type();
+            let st: Vec<ffi::MPI_Datatype> = types
+                .iter()
+                .map(|ty| ty.as_ref().map_or(t, |(ty, _)| ty.as_raw()))
+                .collect();
+            let rt = vec![t; self.size];
+            // SAFETY: every box lies inside `send` (checked), so each type read at its
+            // displacement stays inside it; every receive part lies inside `recv` (checked by
+            // `exchange`); the buffers and the types outlive its wait.
+            unsafe {
+                ffi::MPI_Ialltoallw(
+                    s,
+                    sc.as_ptr(),
+                    sd.as_ptr(),
+                    st.as_ptr(),
+                    r,
+                    rc.as_ptr(),
+                    rd.as_ptr(),
+                    rt.as_ptr(),
+                    self.comm.0.as_raw(),
+                    req,
+                )
+            };
+            // A non-blocking collective reads its argument arrays until it completes.
+            (types, sc, sd, st, rt)
+        });
     }
     fn broadcast(&self, buf: &mut [u8], root: usize, what: &str) {
         if buf.is_empty() {

@@ -473,7 +473,8 @@ static GRIDS: Mutex<Vec<(GridKey, ProcessGrid)>> = Mutex::new(Vec::new());
 /// must be a box (JAX's rule): the trailing axes whole, then a divisor of one axis. Builds the
 /// process group of every axis with more than one process along it, after checking that every
 /// process asks for the same mesh, device type (`device_type`, the inner backend's device),
-/// [`reduction`] and gradient bucket size. Collective over the world (every process builds the same
+/// [`reduction`], gradient bucket size and strided send (every member must call the same engine
+/// collective for an all-to-all). Collective over the world (every process builds the same
 /// meshes in the same order); cached per `(axes, local, engine)`. `engine` is the
 /// cross-process engine ([`crate::collective::engine::across_engine`]): its name, agreed on
 /// with the mesh, and how an axis group is made from its MPI group (`None`: MPI itself).
@@ -513,6 +514,7 @@ pub(crate) fn grid(
                 "gradient bucket bytes",
                 try_config()?.gradient_bucket_bytes.to_string(),
             ),
+            ("strided send", format!("{:?}", try_config()?.strided_send)),
         ],
     )?;
     let err = |reason: String| DTensorError::ProcessGrid {
