@@ -77,9 +77,9 @@ impl ProcessEngine {
 /// memory (the column blocks of a row-major shard that moves from row to column sharding).
 /// All three move the same bytes and give the same result, bitwise; they differ in copies and
 /// speed (`benches/spmd_collectives.rs`, NOTES.md). Against a direct `MPI_Alltoall` of the same
-/// bytes on a 2-core VM (session 67), a 16.8 MB all-to-all ran at 0.87-0.93 of it written in a
-/// single copy, 0.55-0.59 packed and 0.50-0.53 through datatypes on 2 processes (0.73-0.92,
-/// 0.51-0.54 and 0.45-0.57 on 4 oversubscribed ones); on a 16-core Xeon host (session 61) the
+/// bytes on a 2-core VM (session 67), a 16.8 MB all-to-all ran at 0.87-1.06 of it written in a
+/// single copy, 0.55-0.70 packed and 0.50-0.60 through datatypes on 2 processes (0.73-0.92,
+/// 0.50-0.54 and 0.45-0.57 on 4 oversubscribed ones); on a 16-core Xeon host (session 61) the
 /// datatypes reached 0.80-0.91 where packing reached 0.56-0.71. Every process of an SPMD run
 /// must use the same one (agreed when a mesh is built).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
