@@ -867,26 +867,18 @@ unsafe impl ProcessGroup for MpiGroup {
         what: &str,
     ) {
         let array = (shape, elem);
-        match config().strided_send {
-            StridedSend::Pack => {
-                return packed_all_to_all(self, send, array, send_boxes, recv, recv_parts, what);
-            }
-            // Two rounds (the addresses, then the barrier) cost more than the copy they save
-            // below a large message.
-            StridedSend::SingleCopy if global_bytes >= LARGE_BYTES => {
-                return match self.single_copy_pids(what) {
-                    Some(pids) => self.single_copy_all_to_all(
-                        pids, send, array, send_boxes, recv, recv_parts, what,
-                    ),
-                    None => {
-                        packed_all_to_all(self, send, array, send_boxes, recv, recv_parts, what)
-                    }
-                };
-            }
-            StridedSend::SingleCopy => {
-                return packed_all_to_all(self, send, array, send_boxes, recv, recv_parts, what);
-            }
-            StridedSend::Datatype => {}
+        let form = config().strided_send;
+        // Below a large message the single copy's two rounds (the addresses, then the
+        // barrier) cost more than the copy they save.
+        if form == StridedSend::SingleCopy
+            && global_bytes >= LARGE_BYTES
+            && let Some(pids) = self.single_copy_pids(what)
+        {
+            let parts = recv_parts;
+            return self.single_copy_all_to_all(pids, send, array, send_boxes, recv, parts, what);
+        }
+        if form != StridedSend::Datatype {
+            return packed_all_to_all(self, send, array, send_boxes, recv, recv_parts, what);
         }
         check_boxes(send.len(), (shape, elem), send_boxes);
         assert_eq!(
