@@ -6,11 +6,12 @@
 //! but rank 0, which prints one line per (collective, size, path):
 //! - `dtensor-ordered` / `dtensor-engine` (or `dtensor`, where nothing is reduced): the relayout
 //!   through burn-dtensor (`Tensor::relayout` on `DistributedBackend<NdArray>`), with the
-//!   deterministic reduction (the default) and with the engine's; for the all-to-all, by how
-//!   it sends the strided parts of its shard (`Config::strided_send`): `dtensor` (the
-//!   default) writes them into the peers' receive buffers (`process_vm_writev`, 1 MiB and
-//!   more), `dtensor-pack` packs them, `dtensor-datatype` hands them to MPI as derived
-//!   datatypes;
+//!   deterministic reduction (the default) and with the engine's, by how the parts move
+//!   (`Config::strided_send`): `dtensor` / `dtensor-ordered` (the default) write them into the
+//!   peers' receive buffers (`process_vm_writev`, 1 MiB and more; the engine reduction's
+//!   `MPI_Allreduce` and `MPI_Reduce_scatter` move their own bytes), `-pack` hands MPI's
+//!   collective contiguous buffers (the all-to-all's strided parts packed first), and the
+//!   all-to-all's `dtensor-datatype` hands MPI its strided parts as derived datatypes;
 //! - `group`: the project's own `ProcessGroup` call on host bytes for the same buffer (the engine
 //!   layer alone, with its timeout watchdog);
 //! - `mpi direct`: the blocking MPI collective called directly on host buffers of the same bytes,
@@ -357,27 +358,24 @@ fn worker() {
                 continue;
             }
             let reference = direct(name, side * side, p, reps);
+            use {Reduction::*, StridedSend::*};
             let modes: &[(Reduction, StridedSend, &str)] = if from.is_partial() {
                 &[
-                    (
-                        Reduction::Ordered,
-                        StridedSend::SingleCopy,
-                        "dtensor-ordered",
-                    ),
-                    (Reduction::Engine, StridedSend::SingleCopy, "dtensor-engine"),
+                    (Ordered, SingleCopy, "dtensor-ordered"),
+                    (Ordered, Pack, "dtensor-ordered-pack"),
+                    (Engine, SingleCopy, "dtensor-engine"),
                 ]
             } else if name == "all-to-all" {
                 &[
-                    (Reduction::Ordered, StridedSend::SingleCopy, "dtensor"),
-                    (Reduction::Ordered, StridedSend::Pack, "dtensor-pack"),
-                    (
-                        Reduction::Ordered,
-                        StridedSend::Datatype,
-                        "dtensor-datatype",
-                    ),
+                    (Ordered, SingleCopy, "dtensor"),
+                    (Ordered, Pack, "dtensor-pack"),
+                    (Ordered, Datatype, "dtensor-datatype"),
                 ]
             } else {
-                &[(Reduction::Ordered, StridedSend::SingleCopy, "dtensor")]
+                &[
+                    (Ordered, SingleCopy, "dtensor"),
+                    (Ordered, Pack, "dtensor-pack"),
+                ]
             };
             for &(mode, send, path) in modes {
                 let c = burn_dtensor::config().with_reduction(mode);

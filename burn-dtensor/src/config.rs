@@ -10,7 +10,7 @@
 //! | [`Config::stacked_execution`] | `BURN_DTENSOR_STACKED` (`0` or `1`) | on | when a mesh is built |
 //! | [`Config::parallel_min_elements`] | `BURN_DTENSOR_PAR_MIN` (elements) | 262144 | at every op |
 //! | [`Config::gradient_bucket_bytes`] | `BURN_DTENSOR_BUCKET_KIB` (KiB; 0: off) | 64 KiB | at every [`crate::settle_gradients`] |
-//! | [`Config::strided_send`] | `BURN_DTENSOR_STRIDED_SEND` (`pack`, `datatype` or `single-copy`) | `single-copy` | at every cross-process all-to-all |
+//! | [`Config::strided_send`] | `BURN_DTENSOR_STRIDED_SEND` (`pack`, `datatype` or `single-copy`) | `single-copy` | at every cross-process all-gather and all-to-all |
 //!
 //! Every process of an SPMD run must use the same reduction, engine, gradient bucket size and
 //! strided send: they are agreed on when a multi-process mesh is built ([`crate::spmd`]), and a
@@ -97,7 +97,10 @@ pub enum StridedSend {
     /// sending copies it twice. Used for tensors of at least 1 MiB (below that its two extra
     /// rounds cost more than the copy) on MPI process groups whose members all run on one host
     /// and may write into each other (checked once per group, by every member reading every
-    /// peer's memory); other groups, smaller tensors and other engines pack. The default.
+    /// peer's memory); other groups, smaller tensors and other engines pack. The ordered
+    /// reduction's exchanges of such groups, and their all-gathers from 3 processes on, move
+    /// their (contiguous) parts the same way, in one round where MPI's algorithms take `log p`
+    /// or `p - 1` (the other two forms leave them to MPI's collective). The default.
     SingleCopy,
 }
 

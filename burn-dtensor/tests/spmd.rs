@@ -522,9 +522,11 @@ fn engine_reduction_across_processes() {
 /// An all-to-all whose parts are strided boxes of the shard, sent by MPI through derived
 /// datatypes (`StridedSend::Datatype`: `MPI_Ialltoallw` over nested hvectors, no pack) or
 /// written into the peers' buffers (`StridedSend::SingleCopy`: `process_vm_writev`, for
-/// tensors of 1 MiB and more): every settled rank-3 layout relaid out to every other, even,
-/// uneven and empty shards, gives the packed send's shards bitwise, the same collectives, and
-/// the whole tensor's bytes gathered.
+/// tensors of 1 MiB and more, as the all-gathers and the ordered reductions' exchanges are
+/// then): every settled rank-3 layout relaid out to every other, even, uneven and empty
+/// shards, gives the packed send's shards bitwise, the same collectives, and the whole
+/// tensor's bytes gathered. A pending sum of 1.07 MB (values whose sum depends on the order)
+/// settled into every layout equals, bitwise, the same mesh held by one process.
 #[test]
 fn strided_sends_across_processes() {
     let name = "strided_sends_across_processes";
@@ -547,10 +549,52 @@ fn strided_sends_across_processes() {
             }
         }
         assert!(ls.len() > 3, "{m}: layouts");
-        // Over 1 MiB the single copy runs (smaller tensors are packed): on the one-axis mesh.
+        // Over 1 MiB the single copy runs (smaller tensors are packed): on the one-axis mesh,
+        // uneven along its last dim, with a pending sum over the axis relaid out too.
         let mut shapes = vec![[4, 6, 8], [5, 3, 2], [2, 1, 7]];
+        let large = [8, 128, 261];
         if axes.len() == 1 {
-            shapes.push([8, 128, 260]);
+            shapes.push(large);
+            let partial = Layout::replicated(&m, 3).with_partial(0, ReduceOp::Sum);
+            let n: usize = large.iter().product();
+            let vals = |g: usize| -> Tensor<N, 3> {
+                let v: Vec<f32> = (0..n)
+                    .map(|i| {
+                        ((i * 7 + g * 131) % 1009) as f32 / 7.0 * 10f32.powi((i % 5) as i32 - 2)
+                    })
+                    .collect();
+                Tensor::from_data(TensorData::new(v, large), &Dev::default())
+            };
+            let k = m.topology().size();
+            let one = Mesh::new([("a", k)], vec![Dev::default(); k]).unwrap();
+            let one_partial = Layout::replicated(&one, 3).with_partial(0, ReduceOp::Sum);
+            let local = m.topology().local_size();
+            for lb in &ls {
+                let spec = lb.sharding_spec();
+                let want = burn_dtensor::from_local_shards(
+                    (0..k).map(vals).collect(),
+                    large,
+                    &one_partial,
+                )
+                .unwrap()
+                .relayout(&Layout::new(&one, spec.iter().map(|s| s.as_str())).unwrap())
+                .unwrap()
+                .into_data();
+                for send in [
+                    StridedSend::Pack,
+                    StridedSend::Datatype,
+                    StridedSend::SingleCopy,
+                ] {
+                    configure(config().with_strided_send(send));
+                    let mine = (0..local).map(|j| vals(m.topology().global(j))).collect();
+                    let x = burn_dtensor::from_local_shards(mine, large, &partial).unwrap();
+                    let got = x.relayout(lb).unwrap().into_data();
+                    assert_eq!(
+                        got, want,
+                        "{partial} -> {lb} ({send:?}): the one-process mesh"
+                    );
+                }
+            }
         }
         for shape in shapes {
             let n: usize = shape.iter().product();

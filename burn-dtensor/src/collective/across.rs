@@ -309,15 +309,26 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
             .map(|q| if not_sent(q) { 0 } else { l * c * es })
             .collect();
         let recv_at = offsets(&recv_counts);
+        // The parts as runs of the bytes (one-dim boxes), so that the engine may write them
+        // into its peers (`Config::strided_send`); every process calls the same method, and
+        // the round's size, which decides how, is the same on every process.
+        let runs: Vec<Range<usize>> = (send_at.iter().zip(&send_counts))
+            .map(|(&at, &c)| at..at + c)
+            .collect();
+        let boxes: Vec<Option<&[Range<usize>]>> =
+            runs.iter().map(|b| Some(std::slice::from_ref(b))).collect();
+        let round: usize = (0..p).map(|q| host::box_numel(&boxed(q, r))).sum();
         // SAFETY: the parts at `recv_at` tile `got`; the engine writes all of them
         // (`ProcessGroup`'s contract).
         let got = unsafe {
             HostBuffer::received(recv_counts.iter().sum(), dtype, |got| {
-                pg.all_to_all_placed(
+                pg.all_to_all_boxes(
                     bytes,
-                    (&send_counts, &send_at),
+                    (&[bytes.len()], 1),
+                    &boxes,
                     got,
                     (&recv_counts, &recv_at),
+                    round * l * es,
                     w,
                 )
             })

@@ -388,8 +388,8 @@ pub unsafe trait ProcessGroup: Send + Sync {
     /// elements of `elem` bytes; `None` sends nothing) of the array of `shape` in `send`, sent in
     /// the box's row-major order. The receive side is [`ProcessGroup::all_to_all_placed`]'s.
     /// How an engine reads the boxes is [`Config::strided_send`](crate::Config::strided_send);
-    /// `global_bytes` (the exchanged tensor's whole size, equal on every member) lets it choose
-    /// by size, all members alike.
+    /// `global_bytes` (a size equal on every member: the exchanged tensor's, or a round's of a
+    /// chunked reduction) lets it choose by size, all members alike.
     ///
     /// # Panics
     /// When a box lies outside `shape` or `send` is not the array's size, or as
