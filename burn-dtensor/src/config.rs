@@ -74,14 +74,17 @@ impl ProcessEngine {
 }
 
 /// How a cross-process all-to-all sends the parts of a shard that do not lie end to end in its
-/// memory (the column blocks of a row-major shard that moves from row to column sharding).
-/// All three move the same bytes and give the same result, bitwise; they differ in copies and
-/// speed (`benches/spmd_collectives.rs`, NOTES.md). Against a direct `MPI_Alltoall` of the same
-/// bytes on a 2-core VM (session 67), a 16.8 MB all-to-all ran at 0.87-1.06 of it written in a
-/// single copy, 0.55-0.70 packed and 0.50-0.60 through datatypes on 2 processes (0.73-0.92,
-/// 0.50-0.54 and 0.45-0.57 on 4 oversubscribed ones); on a 16-core Xeon host (session 61) the
-/// datatypes reached 0.80-0.91 where packing reached 0.56-0.71. Every process of an SPMD run
-/// must use the same one (agreed when a mesh is built).
+/// memory (the column blocks of a row-major shard that moves from row to column sharding), and
+/// whether the all-gathers and the ordered reductions write their parts into the peers (see
+/// [`StridedSend::SingleCopy`]). All three move the same bytes and give the same result,
+/// bitwise; they differ in copies and speed (`benches/spmd_collectives.rs`, NOTES.md).
+/// Against a direct `MPI_Alltoall` of the same bytes on a 2-core VM (session 67), a 16.8 MB
+/// all-to-all ran at 0.87-1.06 of it written in a single copy, 0.55-0.70 packed and 0.50-0.60
+/// through datatypes on 2 processes (0.73-0.92, 0.50-0.54 and 0.45-0.57 on 4 oversubscribed
+/// ones); on a 16-core Xeon host (session 61) the datatypes reached 0.80-0.91 where packing
+/// reached 0.56-0.71. On 4 oversubscribed processes (session 68) a 4.2 MB all-gather ran at
+/// 1.21-1.34 of a direct `MPI_Allgather` in a single copy, 0.65-0.77 through MPI's. Every
+/// process of an SPMD run must use the same one (agreed when a mesh is built).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StridedSend {
     /// Each part is copied back to back into a send buffer, which the engine sends (every
@@ -134,7 +137,9 @@ pub struct Config {
     /// 1.6-2.9x faster than the gradients one by one, of 32 KB at 0.8-1.0x, of 256 KB at
     /// 0.4-0.6x (the copies cost more than the latency saved).
     pub gradient_bucket_bytes: usize,
-    /// How a cross-process all-to-all sends a shard's strided parts.
+    /// How a cross-process all-to-all sends a shard's strided parts, and whether the
+    /// all-gathers and the ordered reductions' exchanges write their parts into the peers
+    /// ([`StridedSend::SingleCopy`]).
     pub strided_send: StridedSend,
 }
 
