@@ -1,9 +1,11 @@
 //! Cross-memory attach: one process of this host writing straight into another's memory
 //! (Linux `process_vm_writev`, one copy, no shared segment), the transport of the MPI engine's
 //! single-copy all-to-all and all-gather
-//! ([`StridedSend::SingleCopy`](crate::StridedSend::SingleCopy), `collective/mpi.rs`). Open MPI's shared-memory transport moves contiguous messages the same
-//! way (`btl_vader_single_copy_mechanism = cma`); writing a shard's strided parts from where
-//! they lie saves the pack that an `MPI_Alltoallv` needs first.
+//! ([`StridedSend::SingleCopy`](crate::StridedSend::SingleCopy), `collective/mpi.rs`). Open
+//! MPI's shared-memory transport moves contiguous messages the same way
+//! (`btl_vader_single_copy_mechanism = cma`); writing a shard's strided parts from where they
+//! lie saves the pack that an `MPI_Alltoallv` needs first, and writing every part in one round
+//! saves the rounds of MPI's all-gather algorithms.
 //!
 //! The kernel allows it between processes that may trace each other (same user, no stricter
 //! Yama or container policy). Whether it works, and whether a pid names the process the engine

@@ -8,11 +8,12 @@
 //! [`Config::collective_timeout`](crate::Config::collective_timeout) passes, so a peer that
 //! stops answering ends this process with a message instead of a hang
 //! ([`crate::spmd`]'s fault handling); a large one is a polled `MPI_Ibarrier`, then the blocking
-//! collective ([`LARGE_BYTES`]). A large all-gather or all-to-all between processes of one host
-//! writes its parts straight into the peers' receive buffers instead
-//! ([`StridedSend::SingleCopy`], [`super::cma`]). MPI runs at `MPI_THREAD_SERIALIZED`: one lock orders
-//! every call of the process (rsmpi's communicators are not `Send`; the lock is what makes
-//! sharing them sound). MPI is finalised at process exit (`atexit`), as `mpirun` expects.
+//! collective ([`LARGE_BYTES`]). A large all-gather or all-to-all between processes of one
+//! host writes its parts straight into the peers' receive buffers instead
+//! ([`StridedSend::SingleCopy`], [`super::cma`]). MPI runs at `MPI_THREAD_SERIALIZED`: one
+//! lock orders every call of the process (rsmpi's communicators are not `Send`; the lock is
+//! what makes sharing them sound). MPI is finalised at process exit (`atexit`), as `mpirun`
+//! expects.
 
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
@@ -292,7 +293,7 @@ impl MpiGroup {
 
     /// The members' pids, in group rank order, when every member can write into every other's
     /// memory through the kernel ([`super::cma`]): probed once per group, at its first
-    /// single-copy all-to-all, by an all-gather of the members' [`Identity`]s, each member
+    /// single-copy collective, by an all-gather of the members' [`Identity`]s, each member
     /// reading every peer's token, and an all-reduce of the verdicts, so that every member
     /// agrees. `None` (always, off Linux) sends every all-to-all of the group packed. Collective;
     /// the caller does not hold `LOCK`.
@@ -483,8 +484,8 @@ impl MpiGroup {
     /// `recv`): `MPI_Iallgatherv`, or for a large message ([`LARGE_BYTES`]) this member's part
     /// written into every peer's `recv` ([`MpiGroup::single_copy_all_to_all`] with one box, the
     /// part, for each peer; in groups of 3 or more, where [`MpiGroup::single_copy`] allows) or
-    /// the blocking `MPI_Allgatherv`. Writes every part of `recv` that is not this member's own (and that
-    /// one too when `send` is given).
+    /// the blocking `MPI_Allgatherv`. Writes every part of `recv` that is not this member's
+    /// own (and that one too when `send` is given).
     fn allgather_raw(
         &self,
         send: Option<&[u8]>,
@@ -504,9 +505,10 @@ impl MpiGroup {
             "burn-dtensor: a cross-process all-gather of {total} bytes exceeds MPI's 2 GiB count"
         );
         // From 3 members on: MPI's all-gather then runs `log p` or `p - 1` rounds, the single
-        // copy two (the addresses, the barrier); of 2, MPI's one exchange was as fast or faster
-        // (session 68: 0.94-1.33 against 0.95-1.12 of a direct `MPI_Allgather` at 4.2 MB; on
-        // 4 processes 0.65-1.18 against 1.06-1.28, and 0.45-0.71 against 0.67-0.85 at 16.8 MB).
+        // copy two (the addresses, the barrier). Of 2, MPI's one exchange was as fast or
+        // faster. Session 68, ratio to a direct `MPI_Allgather`: on 2 processes at 4.2 MB,
+        // MPI's path 0.94-1.33, the single copy 0.95-1.12; on 4, MPI's 0.65-1.18 (4.2 MB) and
+        // 0.45-0.71 (16.8 MB), the single copy 1.06-1.28 and 0.67-0.85.
         if self.size > 2
             && let Some(pids) = self.single_copy(total, what)
         {
