@@ -59,7 +59,16 @@ pub(crate) fn set_peers(peers: Vec<Peer>) {
 /// or, without a group, aborts this process ([`std::process::abort`], SIGABRT).
 pub(crate) fn end_job(group: Option<Arc<dyn ProcessGroup>>, message: &str, code: i32) -> ! {
     let code = if code == 0 { 1 } else { code };
-    let who = match &group {
+    write_line(&format!("burn-dtensor [{}]: {message}", who(&group)));
+    match group {
+        Some(g) => g.abort(code),
+        None => std::process::abort(),
+    }
+}
+
+/// `rank R of N, pid P on HOST` in `group` (the world), or `pid P` without one.
+fn who(group: &Option<Arc<dyn ProcessGroup>>) -> String {
+    match group {
         Some(g) => format!(
             "rank {} of {}, pid {} on {}",
             g.rank(),
@@ -68,12 +77,17 @@ pub(crate) fn end_job(group: Option<Arc<dyn ProcessGroup>>, message: &str, code:
             hostname()
         ),
         None => format!("pid {}", std::process::id()),
-    };
-    write_line(&format!("burn-dtensor [{who}]: {message}"));
-    match group {
-        Some(g) => g.abort(code),
-        None => std::process::abort(),
     }
+}
+
+/// Prints `burn-dtensor [rank R of N, pid P on HOST]: note: MESSAGE` on standard error: what
+/// a user should know about a run that goes on (a slower path taken), once where it happens.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+pub(crate) fn note(message: &str) {
+    write_line(&format!(
+        "burn-dtensor [{}]: note: {message}",
+        who(&world_group())
+    ));
 }
 
 /// Ends the job ([`end_job`], status [`TIMEOUT_EXIT_CODE`]) after a cross-process

@@ -120,25 +120,44 @@ fn meshes() -> Vec<Mesh<Dev>> {
 /// Every rank-2 layout of the mesh (each dim unsharded or on one axis, no axis twice), and each
 /// settled one again with a pending sum over every axis it leaves free.
 fn layouts(m: &Mesh<Dev>) -> Vec<Layout> {
-    let axes: Vec<String> = m.topology().axes().iter().map(|(a, _)| a.clone()).collect();
-    let mut opts = vec![UNSHARDED.to_string()];
-    opts.extend(axes.iter().cloned());
+    let a = m.topology().axes().len();
+    let settled = settled_layouts(m, 2);
+    // Every pair of options but an axis on both dims.
+    assert_eq!(settled.len(), (a + 1) * (a + 1) - a, "{m}: rank-2 layouts");
     let mut out = Vec::new();
-    for d0 in &opts {
-        for d1 in &opts {
-            if d0 == d1 && d0 != UNSHARDED {
-                continue;
+    for l in settled {
+        for i in 0..a {
+            if (0..2).all(|d| l.dim_axis(d) != Some(i)) {
+                out.push(l.clone().with_partial(i, ReduceOp::Sum));
             }
-            let l = Layout::new(m, [d0.as_str(), d1.as_str()]).unwrap();
-            for (i, a) in axes.iter().enumerate() {
-                if d0 != a && d1 != a {
-                    out.push(l.clone().with_partial(i, ReduceOp::Sum));
-                }
-            }
-            out.push(l);
         }
+        out.push(l);
     }
     out
+}
+
+/// Every settled layout of rank `rank` on the mesh: each dim unsharded or on one axis, no
+/// axis twice.
+fn settled_layouts(m: &Mesh<Dev>, rank: usize) -> Vec<Layout> {
+    let mut opts = vec![UNSHARDED.to_string()];
+    opts.extend(m.topology().axes().iter().map(|(a, _)| a.clone()));
+    let mut specs: Vec<Vec<&str>> = vec![Vec::new()];
+    for _ in 0..rank {
+        specs = specs
+            .into_iter()
+            .flat_map(|s| {
+                opts.iter().map(move |o| {
+                    let mut s = s.clone();
+                    s.push(o.as_str());
+                    s
+                })
+            })
+            .collect();
+    }
+    specs
+        .into_iter()
+        .filter_map(|s| Layout::new(m, s).ok())
+        .collect()
 }
 
 fn data(shape: [usize; 2], seed: usize) -> TensorData {
@@ -534,26 +553,13 @@ fn strided_sends_across_processes() {
         return;
     }
     for m in meshes() {
-        let axes: Vec<String> = m.topology().axes().iter().map(|(a, _)| a.clone()).collect();
-        let mut opts = vec![UNSHARDED.to_string()];
-        opts.extend(axes.iter().cloned());
-        let mut ls = Vec::new();
-        for d0 in &opts {
-            for d1 in &opts {
-                for d2 in &opts {
-                    let ds = [d0.as_str(), d1.as_str(), d2.as_str()];
-                    if let Ok(l) = Layout::new(&m, ds) {
-                        ls.push(l);
-                    }
-                }
-            }
-        }
+        let ls = settled_layouts(&m, 3);
         assert!(ls.len() > 3, "{m}: layouts");
         // Over 1 MiB the single copy runs (smaller tensors are packed): on the one-axis mesh,
         // uneven along its last dim, with a pending sum over the axis relaid out too.
         let mut shapes = vec![[4, 6, 8], [5, 3, 2], [2, 1, 7]];
         let large = [8, 128, 261];
-        if axes.len() == 1 {
+        if m.topology().axes().len() == 1 {
             shapes.push(large);
             let partial = Layout::replicated(&m, 3).with_partial(0, ReduceOp::Sum);
             let n: usize = large.iter().product();

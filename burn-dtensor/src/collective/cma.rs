@@ -8,10 +8,10 @@
 //! saves the rounds of MPI's all-gather algorithms.
 //!
 //! The kernel allows it between processes that may trace each other (same user, no stricter
-//! Yama or container policy). Whether it works, and whether a pid names the process the engine
+//! Yama or container policy; [`allow_peers`] lifts Yama's scope 1 as Open MPI does). Whether it works, and whether a pid names the process the engine
 //! thinks it does (another host or PID namespace would not), is checked once per process
 //! group: each member publishes its pid and a token's address and value ([`Identity`]), and
-//! every member reads every peer's token through the kernel ([`reaches`]).
+//! every member reads every peer's token through the kernel ([`reach`]).
 
 use std::io;
 use std::ops::Range;
@@ -23,13 +23,15 @@ use crate::host::for_each_run;
 const IOV_MAX: usize = 1024;
 
 /// This process's token: a value peers read back through the kernel to confirm that the pid
-/// they were given is this process ([`reaches`]). Set once, from the pid and the clock.
+/// they were given is this process ([`reach`]). Set once, from the pid and the clock.
 static TOKEN: AtomicU64 = AtomicU64::new(0);
 
-/// What a peer needs to check that it reaches this process: its pid, and where its token lies
-/// and what it holds, as three little-endian `u64`s ([`Identity::to_bytes`]).
+/// What a peer needs to check that it reaches this process: its host (the kernel's boot id),
+/// its pid, and where its token lies and what it holds, as four little-endian `u64`s
+/// ([`Identity::to_bytes`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Identity {
+    host: u64,
     pub(crate) pid: u64,
     at: u64,
     token: u64,
@@ -37,7 +39,7 @@ pub(crate) struct Identity {
 
 impl Identity {
     /// Bytes of [`Identity::to_bytes`].
-    pub(crate) const BYTES: usize = 24;
+    pub(crate) const BYTES: usize = 32;
 
     /// This process's identity (sets its token on first use).
     pub(crate) fn own() -> Self {
@@ -54,16 +56,18 @@ impl Identity {
             };
         }
         Self {
+            host: host_id(),
             pid,
             at: TOKEN.as_ptr() as u64,
             token,
         }
     }
 
-    /// The identity as 24 bytes: pid, the token's address, the token.
+    /// The identity as 32 bytes: host, pid, the token's address, the token.
     pub(crate) fn to_bytes(self) -> [u8; Self::BYTES] {
         let mut b = [0u8; Self::BYTES];
-        for (i, v) in [self.pid, self.at, self.token].into_iter().enumerate() {
+        let fields = [self.host, self.pid, self.at, self.token];
+        for (i, v) in fields.into_iter().enumerate() {
             b[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
         }
         b
@@ -72,26 +76,83 @@ impl Identity {
     /// The identity [`Identity::to_bytes`] wrote.
     ///
     /// # Panics
-    /// When `b` is not 24 bytes.
+    /// When `b` is not 32 bytes.
     pub(crate) fn from_bytes(b: &[u8]) -> Self {
         assert_eq!(b.len(), Self::BYTES, "burn-dtensor: a peer identity");
         let v = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
         Self {
-            pid: v(0),
-            at: v(1),
-            token: v(2),
+            host: v(0),
+            pid: v(1),
+            at: v(2),
+            token: v(3),
         }
     }
 }
 
-/// Whether this process can write into `peer` through the kernel: reads `peer`'s token at its
-/// address in `peer.pid` (`process_vm_readv`, which needs the same permission as a write) and
-/// compares it with the value `peer` published. False when the kernel refuses (permission, no
-/// such process) or the process under that pid is not `peer` (another host or PID namespace).
-pub(crate) fn reaches(peer: Identity) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(peer.pid) else {
-        return false;
-    };
+/// This host's identity for [`Identity`]: the first 64 bits of the kernel's boot id
+/// (`/proc/sys/kernel/random/boot_id`, a random UUID drawn at each boot, shared by every
+/// container of the host); 0 where it cannot be read (every process then counts as one host,
+/// and [`reach`] tells hosts apart by the token alone).
+fn host_id() -> u64 {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .and_then(|id| {
+            let hex: String = id
+                .chars()
+                .filter(char::is_ascii_hexdigit)
+                .take(16)
+                .collect();
+            u64::from_str_radix(&hex, 16).ok()
+        })
+        .unwrap_or(0)
+}
+
+/// Why this process cannot write into a peer ([`reach`]).
+#[derive(Debug)]
+pub(crate) enum Unreachable {
+    /// The peer runs on another host (another boot id): expected, the engine's own transport
+    /// carries the bytes.
+    OtherHost,
+    /// The process under the peer's pid is another one (another PID namespace on this host).
+    OtherProcess,
+    /// The kernel refused to read the peer's memory (permission: Yama's `ptrace_scope`, a
+    /// container's policy, another user; or no such process).
+    Refused(io::Error),
+}
+
+/// Lets processes of this user write into this one where Yama's `ptrace_scope` 1 would allow
+/// only its ancestors: `prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY)`, what Open MPI's
+/// shared-memory transport does before it uses cross-memory attach
+/// (`opal/mca/btl/sm/btl_sm_component.c`). Nothing to do without Yama or at scope 0; scopes 2
+/// and 3 admit only `CAP_SYS_PTRACE` or no one, which no setting of this process changes.
+///
+/// # Errors
+/// The kernel's, when the `prctl` fails.
+pub(crate) fn allow_peers() -> io::Result<()> {
+    let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok();
+    if scope.is_none_or(|s| s.trim() == "0") {
+        return Ok(());
+    }
+    // SAFETY: a plain `prctl` on this process's own attribute.
+    let rc = unsafe { libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Whether this process can write into `peer` through the kernel: on the same host, reads
+/// `peer`'s token at its address in `peer.pid` (`process_vm_readv`, which needs the same
+/// permission as a write) and compares it with the value `peer` published.
+///
+/// # Errors
+/// Why not ([`Unreachable`]).
+pub(crate) fn reach(peer: Identity) -> Result<(), Unreachable> {
+    if peer.host != host_id() {
+        return Err(Unreachable::OtherHost);
+    }
+    let pid = libc::pid_t::try_from(peer.pid).map_err(|_| Unreachable::OtherProcess)?;
     let mut got = 0u64;
     let local = libc::iovec {
         iov_base: (&mut got as *mut u64).cast(),
@@ -104,7 +165,20 @@ pub(crate) fn reaches(peer: Identity) -> bool {
     // SAFETY: the local iovec is this function's 8-byte variable; the kernel checks the remote
     // range against the peer's mappings and fails (returns -1) rather than fault.
     let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
-    n == 8 && got == peer.token
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        // A pid that names no process here, or a token address unmapped in the process that
+        // has it: that pid is another process's (another PID namespace).
+        return Err(match e.raw_os_error() {
+            Some(libc::ESRCH) | Some(libc::EFAULT) => Unreachable::OtherProcess,
+            _ => Unreachable::Refused(e),
+        });
+    }
+    if n == 8 && got == peer.token {
+        Ok(())
+    } else {
+        Err(Unreachable::OtherProcess)
+    }
 }
 
 /// Writes the box `ranges` (one range per dim) of the row-major array of `shape` (`elem`
@@ -204,16 +278,36 @@ mod tests {
         assert!(err.is_err());
     }
 
-    /// A process reaches itself by its identity, and not by a wrong token or address.
+    /// A process reaches itself by its identity, and not by a wrong token, address, pid or
+    /// host; allowing peers is a no-op or succeeds here.
     #[test]
-    fn reaches_checks_the_token() {
+    fn reach_checks_host_pid_and_token() {
         let own = Identity::own();
         assert_eq!(Identity::from_bytes(&own.to_bytes()), own);
-        assert!(reaches(own));
-        assert!(!reaches(Identity {
+        allow_peers().unwrap();
+        assert!(reach(own).is_ok());
+        let not = |peer: Identity| match reach(peer) {
+            Err(e) => e,
+            Ok(()) => panic!("{peer:?} reached"),
+        };
+        let token = Identity {
             token: own.token ^ 2,
             ..own
-        }));
-        assert!(!reaches(Identity { at: 8, ..own }));
+        };
+        assert!(matches!(not(token), Unreachable::OtherProcess));
+        assert!(matches!(
+            not(Identity { at: 8, ..own }),
+            Unreachable::OtherProcess
+        ));
+        let pid = Identity {
+            pid: i32::MAX as u64,
+            ..own
+        };
+        assert!(matches!(not(pid), Unreachable::OtherProcess));
+        let host = Identity {
+            host: own.host ^ 1,
+            ..own
+        };
+        assert!(matches!(not(host), Unreachable::OtherHost));
     }
 }

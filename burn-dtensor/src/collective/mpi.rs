@@ -295,22 +295,48 @@ impl MpiGroup {
     /// memory through the kernel ([`super::cma`]): probed once per group, at its first
     /// single-copy collective, by an all-gather of the members' [`Identity`]s, each member
     /// reading every peer's token, and an all-reduce of the verdicts, so that every member
-    /// agrees. `None` (always, off Linux) sends every all-to-all of the group packed. Collective;
-    /// the caller does not hold `LOCK`.
+    /// agrees. First each member lets its peers in where Yama's `ptrace_scope` would not
+    /// ([`allow_peers`], as Open MPI does). `None` (always, off Linux) sends every collective
+    /// of the group through MPI; where the kernel refused a peer on this host, the member says
+    /// so once on stderr (a note, not an error: the results are the same). Collective; the
+    /// caller does not hold `LOCK`.
     fn single_copy_pids(&self, what: &str) -> Option<&[u64]> {
         #[cfg(target_os = "linux")]
         let probe = || {
-            use super::cma::{Identity, reaches};
+            use super::cma::{Identity, Unreachable, allow_peers, reach};
             let w = format!("{what} (probing single-copy writes)");
+            let allowed = allow_peers();
             let own = Identity::own().to_bytes();
             let all = self.all_gather(&own, &vec![Identity::BYTES; self.size], &w);
             let peers: Vec<Identity> = all
                 .chunks(Identity::BYTES)
                 .map(Identity::from_bytes)
                 .collect();
-            let ok = (0..self.size).all(|q| q == self.rank || reaches(peers[q]));
+            let mut refused = None;
+            let ok = (0..self.size)
+                .filter(|&q| q != self.rank)
+                .all(|q| match reach(peers[q]) {
+                    Ok(()) => true,
+                    Err(Unreachable::Refused(e)) => {
+                        refused = Some((q, e));
+                        false
+                    }
+                    Err(_) => false,
+                });
             let mut verdict = (ok as u32).to_le_bytes();
             self.all_reduce(&mut verdict, DType::U32, ReduceOp::Min, &w);
+            if let Some((q, e)) = refused {
+                let allowing = match allowed {
+                    Ok(()) => String::new(),
+                    Err(a) => format!(" (allowing peers failed: {a})"),
+                };
+                crate::fault::note(&format!(
+                    "collectives among ranks {:?} go through MPI without single-copy writes: \
+                     this process may not read the memory of rank {} (pid {}): {e}{allowing}; \
+                     same-user processes may when /proc/sys/kernel/yama/ptrace_scope is 0 or 1",
+                    self.world_ranks, self.world_ranks[q], peers[q].pid
+                ));
+            }
             (u32::from_le_bytes(verdict) == 1).then(|| peers.iter().map(|p| p.pid).collect())
         };
         #[cfg(not(target_os = "linux"))]
