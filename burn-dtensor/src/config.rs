@@ -100,14 +100,15 @@ pub enum StridedSend {
     /// sending copies it twice. Used for tensors of at least 1 MiB (below that its two extra
     /// rounds cost more than the copy) on MPI process groups whose members all run on one host
     /// and may write into each other (checked once per group, by every member reading every
-    /// peer's memory; where Linux's Yama module limits that to a process's ancestors,
-    /// `ptrace_scope` 1 as on Ubuntu, each process first lets same-user processes in,
-    /// `PR_SET_PTRACER_ANY`, as Open MPI's shared-memory transport does: choose `pack` to
-    /// leave that setting alone; a member the kernel still refuses says so on stderr); other
-    /// groups, smaller tensors and other engines pack. The ordered
+    /// peer's memory); other groups, smaller tensors and other engines pack. The ordered
     /// reduction's exchanges of such groups, and their all-gathers from 3 processes on, move
     /// their (contiguous) parts the same way, in one round where MPI's algorithms take `log p`
     /// or `p - 1` (the other two forms leave them to MPI's collective). The default.
+    ///
+    /// Where Linux's Yama module limits such writes to a process's ancestors (`ptrace_scope`
+    /// 1, as on Ubuntu), each process first lets same-user processes in
+    /// (`PR_SET_PTRACER_ANY`), as Open MPI's shared-memory transport does; choose `pack` to
+    /// leave that setting alone. A member the kernel still refuses says so on stderr.
     SingleCopy,
 }
 

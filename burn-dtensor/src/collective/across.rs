@@ -270,9 +270,12 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
         let mut send = host::scratch(0);
         let mut send_counts = Vec::with_capacity(p);
         let mut send_at = Vec::with_capacity(p);
+        // Elements of one member this round sends to all processes: equal on every process.
+        let mut round = 0;
         for q in 0..p {
             let at = send.len();
             let part = boxed(q, r);
+            round += host::box_numel(&part);
             if source.is_some() {
                 send_counts.push(if not_sent(q) {
                     0
@@ -317,7 +320,6 @@ fn reduce_own_block<B: Backend, K: Kind<B>>(
             .collect();
         let boxes: Vec<Option<&[Range<usize>]>> =
             runs.iter().map(|b| Some(std::slice::from_ref(b))).collect();
-        let round: usize = (0..p).map(|q| host::box_numel(&boxed(q, r))).sum();
         // SAFETY: the parts at `recv_at` tile `got`; the engine writes all of them
         // (`ProcessGroup`'s contract).
         let got = unsafe {

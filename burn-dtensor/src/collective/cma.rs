@@ -8,13 +8,15 @@
 //! saves the rounds of MPI's all-gather algorithms.
 //!
 //! The kernel allows it between processes that may trace each other (same user, no stricter
-//! Yama or container policy; [`allow_peers`] lifts Yama's scope 1 as Open MPI does). Whether it works, and whether a pid names the process the engine
-//! thinks it does (another host or PID namespace would not), is checked once per process
-//! group: each member publishes its pid and a token's address and value ([`Identity`]), and
-//! every member reads every peer's token through the kernel ([`reach`]).
+//! Yama or container policy; [`allow_peers`] lifts Yama's scope 1 as Open MPI does). Whether
+//! it works, and whether a pid names the process the engine thinks it does (another host or
+//! PID namespace would not), is checked once per process group: each member publishes its
+//! host, pid and a token's address and value ([`Identity`]), and every member reads every
+//! peer's token through the kernel ([`reach`]).
 
 use std::io;
 use std::ops::Range;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::host::for_each_run;
@@ -92,19 +94,22 @@ impl Identity {
 /// This host's identity for [`Identity`]: the first 64 bits of the kernel's boot id
 /// (`/proc/sys/kernel/random/boot_id`, a random UUID drawn at each boot, shared by every
 /// container of the host); 0 where it cannot be read (every process then counts as one host,
-/// and [`reach`] tells hosts apart by the token alone).
+/// and [`reach`] tells hosts apart by the token alone). Read once per process.
 fn host_id() -> u64 {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .ok()
-        .and_then(|id| {
-            let hex: String = id
-                .chars()
-                .filter(char::is_ascii_hexdigit)
-                .take(16)
-                .collect();
-            u64::from_str_radix(&hex, 16).ok()
-        })
-        .unwrap_or(0)
+    static HOST: OnceLock<u64> = OnceLock::new();
+    *HOST.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .ok()
+            .and_then(|id| {
+                let hex: String = id
+                    .chars()
+                    .filter(char::is_ascii_hexdigit)
+                    .take(16)
+                    .collect();
+                u64::from_str_radix(&hex, 16).ok()
+            })
+            .unwrap_or(0)
+    })
 }
 
 /// Why this process cannot write into a peer ([`reach`]).
