@@ -511,12 +511,12 @@ pub(crate) fn all_to_all<B: Backend, K: Kind<B>>(
     let parts: Vec<Vec<Range<usize>>> = (0..p)
         .map(|q| with(&shape, to_dim, block(n_to, k, l, q)))
         .collect();
-    // This process's own part never goes through the engine: it is copied from the shard
-    // straight into its place in the receive buffer (below), one copy where packing it and the
-    // engine's local copy made two. The others go as boxes of the shard, which the engine
-    // sends as they lie where each is a contiguous run (blocks of a leading dim), else packs,
-    // reads in place or writes into its peers (`Config::strided_send`): every process calls the
-    // same engine method, whatever its own shard's shape.
+    // Every part goes as a box of the shard, which the engine sends as it lies where each is a
+    // contiguous run (blocks of a leading dim), else packs, reads in place or writes into its
+    // peers (`Config::strided_send`); this process's own box never goes through the exchange:
+    // the engine copies it from the shard straight into its place in the receive buffer
+    // (`own_box_apart`), one copy. Every process calls the same engine method, whatever its
+    // own shard's shape.
     // Process q's block of `from_dim`, this process's block of `to_dim`.
     let mut out_shape = shape.clone();
     out_shape[from_dim] = n_from;
@@ -528,21 +528,13 @@ pub(crate) fn all_to_all<B: Backend, K: Kind<B>>(
     let recv_at = offsets(&recv_counts);
     let w = what(CollectiveKind::AllToAll, topo, axis, global);
     let total: usize = recv_counts.iter().sum();
-    let others = |counts: &[usize]| -> Vec<usize> {
-        let mut c = counts.to_vec();
-        c[me] = 0;
-        c
-    };
-    let mine = recv_at[me]..recv_at[me] + recv_counts[me];
-    // SAFETY: the parts at `recv_at` tile the buffer; the own part is written by
-    // `read_box_into` (all of it), every other part by the engine (`ProcessGroup`'s contract).
+    // SAFETY: the parts at `recv_at` tile the buffer; the engine writes all of them
+    // (`ProcessGroup`'s contract).
     let got = unsafe {
         HostBuffer::received(total, dtype, |got| {
-            host::read_box_into(&shape, es, data.bytes(), &parts[me], &mut got[mine]);
-            let recv_parts = (&others(&recv_counts)[..], &recv_at[..]);
-            let boxes: Vec<Option<&[Range<usize>]>> = (0..p)
-                .map(|q| (q != me).then_some(parts[q].as_slice()))
-                .collect();
+            let recv_parts = (&recv_counts[..], &recv_at[..]);
+            let boxes: Vec<Option<&[Range<usize>]>> =
+                parts.iter().map(|b| Some(b.as_slice())).collect();
             let array = (&shape[..], es);
             let global_bytes = global.iter().product::<usize>() * es;
             pg.all_to_all_boxes(

@@ -162,12 +162,63 @@ pub(crate) fn packed_all_to_all<G: ProcessGroup + ?Sized>(
     recv_parts: (&[usize], &[usize]),
     what: &str,
 ) {
-    let (packed, counts, at) = pack_boxes(send, array, send_boxes);
-    let bytes = packed.as_deref().unwrap_or(send);
-    pg.all_to_all_placed(bytes, (&counts, &at), recv, recv_parts, what);
-    if let Some(packed) = packed {
-        crate::host::return_scratch(packed);
-    }
+    own_box_apart(
+        pg.rank(),
+        send,
+        array,
+        send_boxes,
+        recv,
+        recv_parts,
+        what,
+        |boxes, recv, recv_parts| {
+            let (packed, counts, at) = pack_boxes(send, array, boxes);
+            let bytes = packed.as_deref().unwrap_or(send);
+            pg.all_to_all_placed(bytes, (&counts, &at), recv, recv_parts, what);
+            if let Some(packed) = packed {
+                crate::host::return_scratch(packed);
+            }
+        },
+    )
+}
+
+/// [`ProcessGroup::all_to_all_boxes`] with member `me`'s own box kept out of the exchange:
+/// `exchange` moves the other boxes (given the own box as `None` and its receive count as 0),
+/// then the own box is copied from `send` straight into its receive part
+/// ([`crate::host::read_box_into`]): one copy, where sending it to itself through the engine
+/// packed it and copied it again.
+///
+/// # Panics
+/// When the own box's bytes differ from its receive count (a caller's bug).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn own_box_apart(
+    me: usize,
+    send: &[u8],
+    (shape, elem): (&[usize], usize),
+    send_boxes: &[Option<&[Range<usize>]>],
+    recv: &mut [MaybeUninit<u8>],
+    (recv_counts, recv_at): (&[usize], &[usize]),
+    what: &str,
+    exchange: impl FnOnce(&[Option<&[Range<usize>]>], &mut [MaybeUninit<u8>], (&[usize], &[usize])),
+) {
+    let own = send_boxes.get(me).copied().flatten();
+    let Some(own) = own else {
+        return exchange(send_boxes, recv, (recv_counts, recv_at));
+    };
+    check_boxes(send.len(), (shape, elem), send_boxes);
+    check_parts(recv.len(), (recv_counts, recv_at), what);
+    let bytes = crate::host::box_numel(own) * elem;
+    assert_eq!(
+        bytes, recv_counts[me],
+        "burn-dtensor: {what}: this member's own part is {bytes} bytes, its receive part {}",
+        recv_counts[me]
+    );
+    let mut boxes = send_boxes.to_vec();
+    boxes[me] = None;
+    let mut counts = recv_counts.to_vec();
+    counts[me] = 0;
+    exchange(&boxes, recv, (&counts, recv_at));
+    let at = recv_at[me];
+    crate::host::read_box_into(shape, elem, send, own, &mut recv[at..at + bytes]);
 }
 
 /// Checks that `send` holds the array of `shape` (`elem` bytes an element) and every box lies
@@ -398,8 +449,11 @@ pub unsafe trait ProcessGroup: Send + Sync {
     /// Every member must call it for the same all-to-all (not some this method, some
     /// [`ProcessGroup::all_to_all_placed`]): an engine may run it as another collective.
     ///
+    /// This member's own box (`send_boxes[rank]`) is copied from `send` into its receive part
+    /// by one local copy, never sent to itself through the exchange.
+    ///
     /// The default packs the boxes back to back (unless each is a contiguous run already,
-    /// [`pack_boxes`]) and calls [`ProcessGroup::all_to_all_placed`]; MPI may instead hand
+    /// no pack needed) and calls [`ProcessGroup::all_to_all_placed`]; MPI may instead hand
     /// `MPI_Ialltoallw` one datatype per box
     /// ([`StridedSend::Datatype`](crate::StridedSend::Datatype)) or write each box into its
     /// member's receive buffer ([`StridedSend::SingleCopy`](crate::StridedSend::SingleCopy)).
@@ -442,4 +496,51 @@ pub unsafe trait ProcessGroup: Send + Sync {
     /// Ends every process of the job with exit status `code` (`MPI_Abort` on the world): the
     /// engine's part of [`crate::spmd::abort_job`]. Never returns.
     fn abort(&self, code: i32) -> !;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The own box is kept out of the exchange (given as `None`, its receive count 0, every
+    /// other box and count as they were) and copied into its receive part as `append_box`
+    /// packs it; the exchange fills the rest.
+    #[test]
+    fn own_box_apart_copies_the_own_box_once() {
+        let (shape, elem) = ([4usize, 6], 4);
+        let send: Vec<u8> = (0..4 * 6 * elem).map(|i| (i * 7 % 251) as u8).collect();
+        // Member q's box: columns 2q..2q+2 of every row; this member is 1.
+        let boxes: Vec<Vec<Range<usize>>> = (0..3).map(|q| vec![0..4, 2 * q..2 * q + 2]).collect();
+        let send_boxes: Vec<Option<&[Range<usize>]>> =
+            boxes.iter().map(|b| Some(b.as_slice())).collect();
+        let counts = vec![32, 32, 32];
+        let at = offsets(&counts);
+        let mut recv = vec![MaybeUninit::new(0u8); 96];
+        let mut seen = None;
+        own_box_apart(
+            1,
+            &send,
+            (&shape, elem),
+            &send_boxes,
+            &mut recv,
+            (&counts, &at),
+            "test",
+            |b, r, (c, a)| {
+                let nones: Vec<bool> = b.iter().map(Option::is_none).collect();
+                seen = Some((nones, c.to_vec(), a.to_vec()));
+                for q in [0, 2] {
+                    write_bytes(&mut r[a[q]..a[q] + c[q]], &[0xAB; 32]);
+                }
+            },
+        );
+        let (b, c, a) = seen.expect("the exchange ran");
+        assert_eq!(b, [false, true, false], "only the own box is left out");
+        assert_eq!((c, a), (vec![32, 0, 32], at.clone()));
+        // SAFETY: every byte was written (the exchange's parts and the own copy).
+        let got: Vec<u8> = recv.iter().map(|x| unsafe { x.assume_init() }).collect();
+        let mut own = Vec::new();
+        crate::host::append_box(&shape, elem, &send, &boxes[1], &mut own);
+        assert_eq!(&got[32..64], &own[..]);
+        assert!(got[..32].iter().chain(&got[64..]).all(|&x| x == 0xAB));
+    }
 }
