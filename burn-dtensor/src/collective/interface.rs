@@ -188,7 +188,8 @@ pub(crate) fn packed_all_to_all<G: ProcessGroup + ?Sized>(
 /// packed it and copied it again.
 ///
 /// # Panics
-/// When the own box's bytes differ from its receive count (a caller's bug).
+/// As [`check_own_box`], which checks the boxes and parts first (the own box's bytes against
+/// its receive count included).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn own_box_apart(
     me: usize,
@@ -200,18 +201,12 @@ pub(crate) fn own_box_apart(
     what: &str,
     exchange: impl FnOnce(&[Option<&[Range<usize>]>], &mut [MaybeUninit<u8>], (&[usize], &[usize])),
 ) {
-    let own = send_boxes.get(me).copied().flatten();
-    let Some(own) = own else {
-        return exchange(send_boxes, recv, (recv_counts, recv_at));
+    let parts = (recv_counts, recv_at);
+    let array = (shape, elem);
+    let bytes = check_own_box(me, send.len(), array, send_boxes, recv.len(), parts, what);
+    let Some(own) = send_boxes.get(me).copied().flatten() else {
+        return exchange(send_boxes, recv, parts);
     };
-    check_boxes(send.len(), (shape, elem), send_boxes);
-    check_parts(recv.len(), (recv_counts, recv_at), what);
-    let bytes = crate::host::box_numel(own) * elem;
-    assert_eq!(
-        bytes, recv_counts[me],
-        "burn-dtensor: {what}: this member's own part is {bytes} bytes, its receive part {}",
-        recv_counts[me]
-    );
     let mut boxes = send_boxes.to_vec();
     boxes[me] = None;
     let mut counts = recv_counts.to_vec();
@@ -219,6 +214,37 @@ pub(crate) fn own_box_apart(
     exchange(&boxes, recv, (&counts, recv_at));
     let at = recv_at[me];
     crate::host::read_box_into(shape, elem, send, own, &mut recv[at..at + bytes]);
+}
+
+/// Checks an all-to-all's boxes against its send buffer of `send_len` bytes ([`check_boxes`]),
+/// its receive parts against a buffer of `recv_len` bytes ([`check_parts`]), and that member
+/// `me`'s own box holds as many bytes as its receive part. Returns those bytes (0 where `me`
+/// has no own box).
+///
+/// # Panics
+/// Naming what is wrong (a caller's bug: the library builds the boxes and parts).
+pub(crate) fn check_own_box(
+    me: usize,
+    send_len: usize,
+    (shape, elem): (&[usize], usize),
+    send_boxes: &[Option<&[Range<usize>]>],
+    recv_len: usize,
+    (recv_counts, recv_at): (&[usize], &[usize]),
+    what: &str,
+) -> usize {
+    check_boxes(send_len, (shape, elem), send_boxes);
+    check_parts(recv_len, (recv_counts, recv_at), what);
+    let own = send_boxes
+        .get(me)
+        .copied()
+        .flatten()
+        .map_or(0, |b| crate::host::box_numel(b) * elem);
+    let part = recv_counts.get(me).copied().unwrap_or(0);
+    assert_eq!(
+        own, part,
+        "burn-dtensor: {what}: this member's own part is {own} bytes, its receive part {part}"
+    );
+    own
 }
 
 /// Checks that `send` holds the array of `shape` (`elem` bytes an element) and every box lies

@@ -31,7 +31,7 @@ use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
 
 use super::interface::{
-    ProcessGroup, ReduceOp, check_boxes, check_parts, offsets, own_box_apart, own_part,
+    ProcessGroup, ReduceOp, check_own_box, check_parts, offsets, own_box_apart, own_part,
     packed_all_to_all,
 };
 use crate::config::{StridedSend, config};
@@ -373,18 +373,20 @@ impl MpiGroup {
         (recv_counts, recv_at): (&[usize], &[usize]),
         what: &str,
     ) {
-        check_boxes(send.len(), (shape, elem), send_boxes);
-        check_parts(recv_len, (recv_counts, recv_at), what);
         assert!(
             send_boxes.len() == self.size && recv_counts.len() == self.size,
             "burn-dtensor: all-to-all boxes and counts (one per member)"
         );
         let me = self.rank;
-        let own = send_boxes[me].map_or(0, |b| crate::host::box_numel(b) * elem);
-        assert_eq!(
-            own, recv_counts[me],
-            "burn-dtensor: {what}: this member's own part is {own} bytes, its receive part {}",
-            recv_counts[me]
+        let parts = (recv_counts, recv_at);
+        let own = check_own_box(
+            me,
+            send.len(),
+            (shape, elem),
+            send_boxes,
+            recv_len,
+            parts,
+            what,
         );
         let base = recv as u64;
         let wanted: Vec<u8> = (0..self.size)
@@ -1049,13 +1051,13 @@ unsafe impl ProcessGroup for MpiGroup {
         if config().strided_send != StridedSend::Datatype {
             return packed_all_to_all(self, send, array, send_boxes, recv, recv_parts, what);
         }
-        check_boxes(send.len(), (shape, elem), send_boxes);
         assert_eq!(
             send_boxes.len(),
             self.size,
             "burn-dtensor: all-to-all boxes (one per member)"
         );
-        // This member's own box is copied locally, not sent to itself through a datatype.
+        // This member's own box is copied locally, not sent to itself through a datatype;
+        // `own_box_apart` checks the boxes and parts first.
         own_box_apart(
             self.rank,
             send,
