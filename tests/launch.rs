@@ -285,10 +285,10 @@ fn mpi_ready() -> bool {
 
 /// `mpirun` over `-np 1 PROGRAM ARGS` blocks, one per rank (MPMD syntax), so that each rank can
 /// get its own flags and environment; 60 s collective timeout.
-fn mpirun_ranks(ranks: &[Vec<String>]) -> Command {
+fn mpirun_ranks(btl: &str, ranks: &[Vec<String>]) -> Command {
     let mut c = Command::new("timeout");
     c.args(["300", "mpirun", "--allow-run-as-root", "--oversubscribe"])
-        .args(["--mca", "btl", "self,vader,tcp"])
+        .args(["--mca", "btl", btl])
         .env("BURN_DTENSOR_COLLECTIVE_TIMEOUT_S", "60");
     for (i, r) in ranks.iter().enumerate() {
         if i > 0 {
@@ -384,7 +384,13 @@ fn a_failed_write_on_one_rank_ends_the_job_at_once_naming_it() {
     rank0.extend(flags.iter().cloned());
     let mut rank1 = vec![imdb.display().to_string()];
     rank1.extend(flags);
-    let (code, text, secs) = run_timed(mpirun_ranks(&[rank0, rank1]), "burn-dtensor [rank 0");
+    let (code, text, secs) = run_timed(
+        // TCP between the ranks: Open MPI's shared-memory transport sizes its segment with
+        // ftruncate, which the file-size limit refuses too (EFBIG at MPI_Init, 2 s more start-up
+        // and a degraded transport on rank 0); the fault under test is the checkpoint's alone.
+        mpirun_ranks("self,tcp", &[rank0, rank1]),
+        "burn-dtensor [rank 0",
+    );
     println!("failed write on rank 0: exit {code}, the job ended {secs:.2} s after the error");
     assert_ne!(code, 0, "{text}");
     assert!(
@@ -397,7 +403,12 @@ fn a_failed_write_on_one_rank_ends_the_job_at_once_naming_it() {
         !text.contains("did not complete within"),
         "the peer timed out instead of ending with the failing rank:\n{text}"
     );
-    assert!(secs < 5.0, "ended {secs:.1} s after the error:\n{text}");
+    // The bound tells the two endings apart: the failing rank's abort (0.01-0.05 s on the
+    // development VM; one CI run took 10 s) against the peer's collective timeout (60 s).
+    assert!(
+        secs < 30.0,
+        "ended {secs:.1} s after the error, as if by the 60 s collective timeout:\n{text}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -482,7 +493,7 @@ fn processes_that_differ_are_told_which_setting() {
         ),
     ];
     for (what, rank1, field, v1, v0) in cases {
-        let (code, text, _) = run_timed(mpirun_ranks(&[with(&[]), rank1]), "");
+        let (code, text, _) = run_timed(mpirun_ranks("self,vader,tcp", &[with(&[]), rank1]), "");
         println!("{what}: exit {code}");
         assert_ne!(code, 0, "{what}:\n{text}");
         let says = |a: usize, va: &str, b: usize, vb: &str| {
@@ -575,10 +586,13 @@ fn a_launch_the_process_cannot_join_is_an_error() {
         return;
     }
     let (code, text, _) = run_timed(
-        mpirun_ranks(&[
-            vec![imdb.display().to_string(), "--mode".into(), "single".into()],
-            vec![imdb.display().to_string(), "--mode".into(), "single".into()],
-        ]),
+        mpirun_ranks(
+            "self,vader,tcp",
+            &[
+                vec![imdb.display().to_string(), "--mode".into(), "single".into()],
+                vec![imdb.display().to_string(), "--mode".into(), "single".into()],
+            ],
+        ),
         "",
     );
     assert_ne!(code, 0, "{text}");
