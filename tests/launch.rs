@@ -284,7 +284,8 @@ fn mpi_ready() -> bool {
 }
 
 /// `mpirun` over `-np 1 PROGRAM ARGS` blocks, one per rank (MPMD syntax), so that each rank can
-/// get its own flags and environment; 60 s collective timeout.
+/// get its own flags and environment; Open MPI's transports `btl` (`--mca btl`, e.g.
+/// `self,vader,tcp`); 60 s collective timeout.
 fn mpirun_ranks(btl: &str, ranks: &[Vec<String>]) -> Command {
     let mut c = Command::new("timeout");
     c.args(["300", "mpirun", "--allow-run-as-root", "--oversubscribe"])
