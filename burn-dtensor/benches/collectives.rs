@@ -9,8 +9,8 @@
 //! adds and `cat`); with `--features cuda`, `cuda-kernel` and `cuda-generic`. GPU timings wait
 //! for the device (`Backend::sync`) before the clock stops.
 //!
-//! `cargo bench --bench collectives [--features wgpu]` (`DTENSOR_BENCH_FULL=1` adds 2048x2048
-//! and 4096x4096).
+//! `cargo bench -p burn-dtensor-benches --bench collectives [--features wgpu]`
+//! (`DTENSOR_BENCH_FULL=1` adds 2048x2048 and 4096x4096).
 
 use burn::backend::NdArray;
 use burn::tensor::TensorData;

@@ -4,7 +4,7 @@
 //! dim 0). The difference to bare NdArray is the decorator's bookkeeping: rules, layouts,
 //! redistribution checks, dispatch.
 //!
-//! `cargo bench --bench op_overhead`
+//! `cargo bench -p burn-dtensor-benches --bench op_overhead`
 
 use burn::backend::{Autodiff, NdArray};
 use burn::tensor::backend::Backend;
