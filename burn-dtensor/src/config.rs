@@ -11,9 +11,10 @@
 //! | [`Config::parallel_min_elements`] | `BURN_DTENSOR_PAR_MIN` (elements) | 262144 | at every op |
 //! | [`Config::gradient_bucket_bytes`] | `BURN_DTENSOR_BUCKET_KIB` (KiB; 0: off) | 64 KiB | at every [`crate::settle_gradients`] |
 //! | [`Config::strided_send`] | `BURN_DTENSOR_STRIDED_SEND` (`pack`, `datatype` or `single-copy`) | `single-copy` | at every cross-process all-gather and all-to-all |
+//! | [`Config::large_message_bytes`] | `BURN_DTENSOR_LARGE_MESSAGE_KIB` (KiB) | 1024 KiB | at every cross-process collective on MPI |
 //!
-//! Every process of an SPMD run must use the same reduction, engine, gradient bucket size and
-//! strided send: they are agreed on when a multi-process mesh is built ([`crate::spmd`]), and a
+//! Every process of an SPMD run must use the same reduction, engine, gradient bucket size,
+//! strided send and large-message size: they are agreed on when a multi-process mesh is built ([`crate::spmd`]), and a
 //! difference is a typed error.
 //!
 //! ```
@@ -97,8 +98,8 @@ pub enum StridedSend {
     /// Each process writes its parts straight into its peers' receive buffers through the
     /// kernel (Linux cross-memory attach, `process_vm_writev`): one copy of each byte, as
     /// Open MPI moves a contiguous message between processes of one host, where packing then
-    /// sending copies it twice. Used for tensors of at least 1 MiB (below that its two extra
-    /// rounds cost more than the copy) on MPI process groups whose members all run on one host
+    /// sending copies it twice. Used for large messages ([`Config::large_message_bytes`], from
+    /// 1 MiB by default: below that its two extra rounds cost more than the copy) on MPI process groups whose members all run on one host
     /// and may write into each other (checked once per group, by every member reading every
     /// peer's memory); other groups, smaller tensors and other engines pack. The ordered
     /// reduction's exchanges of such groups, and their all-gathers from 3 processes on, move
@@ -146,6 +147,20 @@ pub struct Config {
     /// all-gathers and the ordered reductions' exchanges write their parts into the peers
     /// ([`StridedSend::SingleCopy`]).
     pub strided_send: StridedSend,
+    /// The size (bytes of the whole tensor a collective moves, equal on every member) from
+    /// which a collective across processes on MPI is a large message: it waits for its peers
+    /// with a polled `MPI_Ibarrier`, then runs MPI's blocking collective (Open MPI's tuned
+    /// algorithms, where the non-blocking ones progress only while polled), polls without
+    /// sleeping for up to 1 s, and with [`StridedSend::SingleCopy`] its all-gather and
+    /// all-to-all parts are written straight into the peers (below it, the single copy's two
+    /// extra rounds cost more than the copy they save). The default, 1 MiB, comes from
+    /// measurements on a 2-core machine with 2 and 4 processes (NOTES.md, "Speed across
+    /// processes"); the crossover moves with the machine's memory bandwidth and core count, so measure it with
+    /// `benches/spmd_collectives.rs` on yours. Every member moves the same bytes either way, so
+    /// the results do not change, except that [`Reduction::Engine`]'s sums may be added in
+    /// another order (the ordered reduction's are bitwise the same). 0 makes every collective
+    /// large.
+    pub large_message_bytes: usize,
 }
 
 impl Default for Config {
@@ -159,6 +174,7 @@ impl Default for Config {
             parallel_min_elements: 256 * 1024,
             gradient_bucket_bytes: 64 << 10,
             strided_send: StridedSend::SingleCopy,
+            large_message_bytes: 1 << 20,
         }
     }
 }
@@ -244,6 +260,15 @@ impl Config {
                 }
             };
         }
+        const LARGE: &str = "BURN_DTENSOR_LARGE_MESSAGE_KIB";
+        if let Some(v) = get(LARGE) {
+            c.large_message_bytes = v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .and_then(|k| k.checked_mul(1024))
+                .ok_or_else(|| bad(LARGE, &v, "a number of KiB, e.g. 1024 (0: every message)"))?;
+        }
         Ok(c)
     }
 
@@ -280,6 +305,11 @@ impl Config {
     /// With [`Config::strided_send`] set to `s`.
     pub fn with_strided_send(mut self, s: StridedSend) -> Self {
         self.strided_send = s;
+        self
+    }
+    /// With [`Config::large_message_bytes`] set to `bytes` (0: every collective is large).
+    pub fn with_large_message_bytes(mut self, bytes: usize) -> Self {
+        self.large_message_bytes = bytes;
         self
     }
 }
@@ -356,6 +386,7 @@ mod tests {
             ("BURN_DTENSOR_PAR_MIN", "16"),
             ("BURN_DTENSOR_BUCKET_KIB", "512"),
             ("BURN_DTENSOR_STRIDED_SEND", "pack"),
+            ("BURN_DTENSOR_LARGE_MESSAGE_KIB", "256"),
         ]))
         .unwrap();
         assert_eq!(
@@ -368,6 +399,7 @@ mod tests {
                 .with_parallel_min_elements(16)
                 .with_gradient_bucket_bytes(512 << 10)
                 .with_strided_send(StridedSend::Pack)
+                .with_large_message_bytes(256 << 10)
         );
         for (var, value, says) in [
             ("BURN_DTENSOR_COLLECTIVE_TIMEOUT_S", "-1", "positive number"),
@@ -377,6 +409,7 @@ mod tests {
             ("BURN_DTENSOR_PAR_MIN", "lots", "number of elements"),
             ("BURN_DTENSOR_BUCKET_KIB", "-3", "number of KiB"),
             ("BURN_DTENSOR_STRIDED_SEND", "typed", "`single-copy`"),
+            ("BURN_DTENSOR_LARGE_MESSAGE_KIB", "1M", "number of KiB"),
         ] {
             let e = Config::from_vars(|k| (k == var).then(|| value.to_string())).unwrap_err();
             let text = e.to_string();

@@ -602,22 +602,36 @@ fn strided_sends_across_processes() {
                 }
             }
         }
+        let default_large = burn_dtensor::Config::default().large_message_bytes;
         for shape in shapes {
             let n: usize = shape.iter().product();
             let v: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 3.0).collect();
             let dx = TensorData::new(v, shape);
             for la in &ls {
                 for lb in &ls {
-                    let relaid = |s: StridedSend| {
-                        configure(config().with_strided_send(s));
+                    let relaid = |s: StridedSend, large: usize| {
+                        configure(
+                            config()
+                                .with_strided_send(s)
+                                .with_large_message_bytes(large),
+                        );
                         let x: Tensor<DB, 3> = distribute(dx.clone(), la).unwrap();
                         record_comms(|| x.relayout(lb).unwrap())
                     };
-                    let (packed, log) = relaid(StridedSend::Pack);
+                    let (packed, log) = relaid(StridedSend::Pack, default_large);
                     assert_eq!(packed.clone().into_data(), dx, "{la} -> {lb}: gathered");
-                    for send in [StridedSend::Datatype, StridedSend::SingleCopy] {
-                        let (sent, log_s) = relaid(send);
-                        let what = format!("{shape:?} {la} -> {lb} ({send:?})");
+                    // Every message large too (`Config::large_message_bytes` 0): MPI's blocking
+                    // collectives and the single copy on these small shapes, empty parts
+                    // included.
+                    for (send, large) in [
+                        (StridedSend::Datatype, default_large),
+                        (StridedSend::SingleCopy, default_large),
+                        (StridedSend::SingleCopy, 0),
+                        (StridedSend::Pack, 0),
+                    ] {
+                        let (sent, log_s) = relaid(send, large);
+                        let what =
+                            format!("{shape:?} {la} -> {lb} ({send:?}, large from {large} B)");
                         assert_eq!(log, log_s, "{what}: collectives");
                         let a = packed.clone().to_local_shards();
                         let b = sent.clone().to_local_shards();
@@ -631,7 +645,12 @@ fn strided_sends_across_processes() {
             }
         }
     }
-    configure(config().with_strided_send(burn_dtensor::Config::default().strided_send));
+    let defaults = burn_dtensor::Config::default();
+    configure(
+        config()
+            .with_strided_send(defaults.strided_send)
+            .with_large_message_bytes(defaults.large_message_bytes),
+    );
     done(name);
 }
 
@@ -1247,6 +1266,19 @@ fn start_up_checks_across_processes() {
         "{e}"
     );
     burn_dtensor::configure(burn_dtensor::config().with_reduction(spmd::Reduction::Ordered));
+    // So is the large-message size (it picks blocking or polled collectives, alike everywhere).
+    let large = burn_dtensor::config().large_message_bytes;
+    burn_dtensor::configure(
+        burn_dtensor::config().with_large_message_bytes(if w.rank() == 1 { 0 } else { large }),
+    );
+    let e = Mesh::spmd([("l", 4)], vec![Dev::default(); 2])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("disagree on the mesh (`large message bytes`)") && e.contains("`0`"),
+        "{e}"
+    );
+    burn_dtensor::configure(burn_dtensor::config().with_large_message_bytes(large));
     // The inner backend and its element types.
     let e = if w.rank() == 0 {
         w.agree_backend::<NdArray<f32>>()

@@ -8,7 +8,7 @@
 //! [`Config::collective_timeout`](crate::Config::collective_timeout) passes, so a peer that
 //! stops answering ends this process with a message instead of a hang
 //! ([`crate::spmd`]'s fault handling); a large one is a polled `MPI_Ibarrier`, then the blocking
-//! collective ([`LARGE_BYTES`]). A large all-gather or all-to-all between processes of one
+//! collective ([`large`]). A large all-gather or all-to-all between processes of one
 //! host writes its parts straight into the peers' receive buffers instead
 //! ([`StridedSend::SingleCopy`], [`super::cma`]). MPI runs at `MPI_THREAD_SERIALIZED`: one
 //! lock orders every call of the process (rsmpi's communicators are not `Send`; the lock is
@@ -57,6 +57,12 @@ pub(crate) struct MpiGroup {
     /// ([`MpiGroup::single_copy_pids`], probed at the first single-copy all-to-all), else
     /// `None`.
     single_copy: OnceLock<Option<Vec<u64>>>,
+    /// The world's group, which carries the control messages ([`crate::spmd::World`]'s
+    /// agreements, checkpoints' indexes, barriers): none of them is large
+    /// ([`MpiGroup::is_large`]), so that the processes choose alike before they have agreed
+    /// on [`Config::large_message_bytes`](crate::Config::large_message_bytes) (the mesh's
+    /// start-up check), and wait polled against the collective timeout.
+    control: bool,
 }
 
 extern "C" fn finalize() {
@@ -99,12 +105,14 @@ pub(crate) fn world() -> Result<Arc<dyn ProcessGroup>> {
         size,
         world_ranks: (0..size).collect(),
         single_copy: OnceLock::new(),
+        control: true,
     }))
 }
 
-/// Messages of at least this many bytes (the whole buffer, equal on every member, so that all
-/// choose alike) take the blocking collective after a polled `MPI_Ibarrier`
-/// ([`MpiGroup::arrive`]): the barrier catches a peer that never comes (the fault policy's
+/// Whether a message of `bytes` (the whole buffer, equal on every member, so that all choose
+/// alike) is large: at least [`Config::large_message_bytes`](crate::Config::large_message_bytes)
+/// (1 MiB by default; every process of a mesh has agreed on it). Large messages take the
+/// blocking collective after a polled `MPI_Ibarrier` ([`MpiGroup::arrive`]): the barrier catches a peer that never comes (the fault policy's
 /// timeout), and the blocking call runs Open MPI's tuned algorithms, where the non-blocking
 /// ones (`libnbc`) progress only while polled (measured, 2 processes: an all-gather of 4 MB at
 /// 0.15-1.0x the blocking `MPI_Allgather` non-blocking). A peer that stops in the middle of a
@@ -115,7 +123,9 @@ pub(crate) fn world() -> Result<Arc<dyn ProcessGroup>> {
 /// to arrive, and polling hard then takes a core from the shard work of this host's other
 /// processes (the IMDB step on 2 processes: 0.85 ms with sleeps, 1.05-1.43 ms polling every
 /// wait hard), so it yields a few thousand times, then sleeps 50 µs between polls.
-const LARGE_BYTES: usize = 1 << 20;
+fn large(bytes: usize) -> bool {
+    bytes >= config().large_message_bytes
+}
 
 /// How long a wait on a large message polls without sleeping; past this a peer is late (a
 /// checkpoint written, a slow step) and the wait sleeps between polls instead of holding a core.
@@ -123,10 +133,10 @@ const BUSY_POLL: Duration = Duration::from_secs(1);
 
 /// Polls `done` (one `MPI_Test`) until it returns true; past the timeout, ends the process
 /// naming `what`. `bytes` (the larger of what this process sends and receives) chooses how hard
-/// it polls ([`LARGE_BYTES`]).
+/// it polls ([`large`]).
 fn poll(mut done: impl FnMut() -> bool, bytes: usize, what: &str, members: &[usize]) {
     let timeout = config().collective_timeout;
-    let busy = if bytes >= LARGE_BYTES {
+    let busy = if large(bytes) {
         BUSY_POLL
     } else {
         Duration::ZERO
@@ -236,6 +246,13 @@ fn count(n: usize, what: &str) -> i32 {
 }
 
 impl MpiGroup {
+    /// Whether a collective of `bytes` on this group is large ([`large`]); never on the
+    /// world's group, whose control messages must choose alike before the processes have
+    /// agreed on the size ([`MpiGroup::control`]).
+    fn is_large(&self, bytes: usize) -> bool {
+        !self.control && large(bytes)
+    }
+
     /// The frame of the all-to-alls: checks the receive parts (one per member, inside `recv`)
     /// and MPI's `int` limit on both buffers, takes `LOCK`, lets `start` begin the non-blocking
     /// call on the buffers' pointers, the receive parts' byte counts and offsets and the
@@ -280,11 +297,11 @@ impl MpiGroup {
 
     /// The members' pids ([`MpiGroup::single_copy_pids`]) where a collective of `global_bytes`
     /// (equal on every member) moves its parts by single-copy writes: with
-    /// [`StridedSend::SingleCopy`] from [`LARGE_BYTES`] on (below, the single copy's two rounds,
+    /// [`StridedSend::SingleCopy`] from [`large`] on (below, the single copy's two rounds,
     /// the addresses and the barrier, cost more than the copy they save), on a group whose
     /// probe passed. Every member decides alike. Collective where it probes.
     fn single_copy(&self, global_bytes: usize, what: &str) -> Option<&[u64]> {
-        if config().strided_send == StridedSend::SingleCopy && global_bytes >= LARGE_BYTES {
+        if config().strided_send == StridedSend::SingleCopy && self.is_large(global_bytes) {
             self.single_copy_pids(what)
         } else {
             None
@@ -395,7 +412,7 @@ impl MpiGroup {
             .collect();
         // The addresses go round in one `MPI_Ialltoall`, polled against the collective timeout
         // (it is also the check that every member has arrived), and the writes end at a
-        // blocking `MPI_Barrier`, as the large collectives run ([`LARGE_BYTES`]): each
+        // blocking `MPI_Barrier`, as the large collectives run ([`large`]): each
         // non-blocking round progresses only while polled, and on an oversubscribed host three
         // rounds as `libnbc` operations made the exchange 2-4x slower than the packed one. The
         // polled exchange replaced a polled `MPI_Ibarrier` before a blocking `MPI_Alltoall`:
@@ -535,7 +552,7 @@ impl MpiGroup {
     /// The all-reduce of [`ProcessGroup::all_reduce_into`] (`send` given) or of
     /// [`ProcessGroup::all_reduce`] (`send` `None`: `MPI_IN_PLACE`, which the caller has checked
     /// is known): `MPI_Iallreduce`, or the blocking `MPI_Allreduce` for a large message
-    /// ([`LARGE_BYTES`]).
+    /// ([`large`]).
     ///
     /// `recv` points to `len` bytes this call writes (all of them).
     fn allreduce_raw(
@@ -557,7 +574,7 @@ impl MpiGroup {
             None => in_place().expect("checked by the caller"),
         };
         let _guard = LOCK.lock().unwrap();
-        if len >= LARGE_BYTES {
+        if self.is_large(len) {
             self.arrive(what);
             // SAFETY: `send` (or `recv` itself, in place) and `recv` hold `n` elements of `t`;
             // the call is blocking.
@@ -573,7 +590,7 @@ impl MpiGroup {
     /// The all-gather of [`ProcessGroup::all_gather_into`] (`send` given: this member's
     /// `counts[rank]` bytes) or of [`ProcessGroup::all_gather_in_place`] (`send` `None`:
     /// `MPI_IN_PLACE`, which the caller has checked is known, this member's part already in
-    /// `recv`): `MPI_Iallgatherv`, or for a large message ([`LARGE_BYTES`]) this member's part
+    /// `recv`): `MPI_Iallgatherv`, or for a large message ([`large`]) this member's part
     /// written into every peer's `recv` ([`MpiGroup::single_copy_all_to_all`] with one box, the
     /// part, for each peer; in groups of 3 or more, where [`MpiGroup::single_copy`] allows) or
     /// the blocking `MPI_Allgatherv`. Writes every part of `recv` that is not this member's
@@ -653,7 +670,7 @@ impl MpiGroup {
         );
         let (t, comm) = (bytes_type(), self.comm.0.as_raw());
         let _guard = LOCK.lock().unwrap();
-        if total >= LARGE_BYTES {
+        if self.is_large(total) {
             self.arrive(what);
             // SAFETY: `send` (or this member's part of `recv`, in place) holds its count of
             // bytes, `recv` the sum of `counts` at the displacements `d`; the call is blocking.
@@ -809,6 +826,7 @@ unsafe impl ProcessGroup for MpiGroup {
             size,
             world_ranks: Vec::new(),
             single_copy: OnceLock::new(),
+            control: false,
         };
         let me = self.world_ranks[self.rank] as u64;
         let all = g.all_gather(
@@ -823,7 +841,7 @@ unsafe impl ProcessGroup for MpiGroup {
         Arc::new(g)
     }
     /// From `send` into `recv`, both the caller's bytes: `MPI_Iallreduce`, or the blocking
-    /// `MPI_Allreduce` for a large message ([`LARGE_BYTES`]).
+    /// `MPI_Allreduce` for a large message ([`large`]).
     fn all_reduce_into(
         &self,
         send: &[u8],
@@ -910,7 +928,7 @@ unsafe impl ProcessGroup for MpiGroup {
         };
         wait_raw(req, send.len(), what, &self.world_ranks);
     }
-    /// `MPI_Iallgatherv`, or for a large message ([`LARGE_BYTES`]) the single copy into the
+    /// `MPI_Iallgatherv`, or for a large message ([`large`]) the single copy into the
     /// peers' buffers ([`MpiGroup::single_copy`]) or the blocking `MPI_Allgatherv`, into
     /// `recv` as the caller allocated it.
     fn all_gather_into(
@@ -1026,7 +1044,7 @@ unsafe impl ProcessGroup for MpiGroup {
     /// - [`StridedSend::Datatype`]: one datatype per box ([`MpiGroup::typed_all_to_all`]);
     /// - [`StridedSend::SingleCopy`]: each box written straight into its member's receive
     ///   buffer ([`MpiGroup::single_copy_all_to_all`]) where the group allows it
-    ///   ([`MpiGroup::single_copy_pids`]) and the tensor has at least [`LARGE_BYTES`]
+    ///   ([`MpiGroup::single_copy_pids`]) and the tensor is a large message ([`large`])
     ///   (`global_bytes`), else packed;
     /// - [`StridedSend::Pack`]: the trait's packing.
     fn all_to_all_boxes(
@@ -1075,7 +1093,7 @@ unsafe impl ProcessGroup for MpiGroup {
         }
         let len = buf.len();
         let _guard = LOCK.lock().unwrap();
-        if len >= LARGE_BYTES {
+        if self.is_large(len) {
             self.arrive(what);
             self.comm.0.process_at_rank(root as i32).broadcast_into(buf);
             return;

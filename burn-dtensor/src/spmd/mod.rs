@@ -515,6 +515,10 @@ pub(crate) fn grid(
                 try_config()?.gradient_bucket_bytes.to_string(),
             ),
             ("strided send", format!("{:?}", try_config()?.strided_send)),
+            (
+                "large message bytes",
+                try_config()?.large_message_bytes.to_string(),
+            ),
         ],
     )?;
     let err = |reason: String| DTensorError::ProcessGrid {
