@@ -200,6 +200,14 @@ impl Config {
             expected: expected.to_string(),
         };
         let get = |name: &str| var(name).filter(|v| !v.trim().is_empty());
+        // A size in KiB, as bytes.
+        let kib = |name: &str, v: &str, expected: &str| {
+            v.trim()
+                .parse::<usize>()
+                .ok()
+                .and_then(|k| k.checked_mul(1024))
+                .ok_or_else(|| bad(name, v, expected))
+        };
         const TIMEOUT: &str = "BURN_DTENSOR_COLLECTIVE_TIMEOUT_S";
         if let Some(v) = get(TIMEOUT) {
             let s = v.trim().parse::<f64>().ok();
@@ -241,12 +249,7 @@ impl Config {
         }
         const BUCKET: &str = "BURN_DTENSOR_BUCKET_KIB";
         if let Some(v) = get(BUCKET) {
-            c.gradient_bucket_bytes = v
-                .trim()
-                .parse::<usize>()
-                .ok()
-                .and_then(|k| k.checked_mul(1024))
-                .ok_or_else(|| bad(BUCKET, &v, "a number of KiB, e.g. 64 (0: no buckets)"))?;
+            c.gradient_bucket_bytes = kib(BUCKET, &v, "a number of KiB, e.g. 64 (0: no buckets)")?;
         }
         const STRIDED: &str = "BURN_DTENSOR_STRIDED_SEND";
         if let Some(v) = get(STRIDED) {
@@ -262,12 +265,8 @@ impl Config {
         }
         const LARGE: &str = "BURN_DTENSOR_LARGE_MESSAGE_KIB";
         if let Some(v) = get(LARGE) {
-            c.large_message_bytes = v
-                .trim()
-                .parse::<usize>()
-                .ok()
-                .and_then(|k| k.checked_mul(1024))
-                .ok_or_else(|| bad(LARGE, &v, "a number of KiB, e.g. 1024 (0: every message)"))?;
+            c.large_message_bytes =
+                kib(LARGE, &v, "a number of KiB, e.g. 1024 (0: every message)")?;
         }
         Ok(c)
     }

@@ -552,6 +552,26 @@ fn strided_sends_across_processes() {
     if launched(name, &[2, 4]) {
         return;
     }
+    // A mesh built while every message is large (as under `BURN_DTENSOR_LARGE_MESSAGE_KIB=0`):
+    // its groups' own set-up exchanges (the ranks of a new group, the single-copy probe) stay
+    // small, and its all-gathers (single copies from 3 processes on) and all-to-alls run as
+    // large messages on a tensor of a few hundred bytes.
+    configure(config().with_large_message_bytes(0));
+    let n = spmd::init().unwrap().size();
+    let m = Mesh::spmd([("every_large", 4)], vec![Dev::default(); 4 / n]).unwrap();
+    let dx = TensorData::new((0..48).map(|i| i as f32 - 7.5).collect::<Vec<_>>(), [8, 6]);
+    let rows = Layout::new(&m, ["every_large", "unsharded"]).unwrap();
+    let x: Tensor<DB, 2> = distribute(dx.clone(), &rows).unwrap();
+    for to in [
+        Layout::replicated(&m, 2),
+        Layout::new(&m, ["unsharded", "every_large"]).unwrap(),
+    ] {
+        let y = x.clone().relayout(&to).unwrap();
+        assert_eq!(y.into_data(), dx, "{rows} -> {to}, every message large");
+    }
+    configure(
+        config().with_large_message_bytes(burn_dtensor::Config::default().large_message_bytes),
+    );
     for m in meshes() {
         let ls = settled_layouts(&m, 3);
         assert!(ls.len() > 3, "{m}: layouts");

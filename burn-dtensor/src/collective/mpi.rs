@@ -57,11 +57,8 @@ pub(crate) struct MpiGroup {
     /// ([`MpiGroup::single_copy_pids`], probed at the first single-copy all-to-all), else
     /// `None`.
     single_copy: OnceLock<Option<Vec<u64>>>,
-    /// The world's group, which carries the control messages ([`crate::spmd::World`]'s
-    /// agreements, checkpoints' indexes, barriers): none of them is large
-    /// ([`MpiGroup::is_large`]), so that the processes choose alike before they have agreed
-    /// on [`Config::large_message_bytes`](crate::Config::large_message_bytes) (the mesh's
-    /// start-up check), and wait polled against the collective timeout.
+    /// The world's group, which carries only control messages ([`crate::spmd::World`]'s
+    /// agreements, checkpoints' indexes, barriers): see [`control`].
     control: bool,
 }
 
@@ -245,12 +242,36 @@ fn count(n: usize, what: &str) -> i32 {
     })
 }
 
+thread_local! {
+    /// How deep this thread is in [`control`] calls.
+    static CONTROL: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `f`, whose collectives are control messages: never large ([`MpiGroup::is_large`]),
+/// so never blocking nor single-copy, whatever
+/// [`Config::large_message_bytes`](crate::Config::large_message_bytes) says. A group's own
+/// set-up exchanges are control messages (the ranks of a new group, the single-copy probe):
+/// a single copy there would start the probe again inside the probe, and a new group knows no
+/// world ranks yet. So are the world group's messages ([`MpiGroup::control`]): they run
+/// before the processes have agreed on the size (the mesh's start-up check), and wait polled
+/// against the collective timeout.
+fn control<R>(f: impl FnOnce() -> R) -> R {
+    struct Leave;
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            CONTROL.with(|c| c.set(c.get() - 1));
+        }
+    }
+    CONTROL.with(|c| c.set(c.get() + 1));
+    let _leave = Leave;
+    f()
+}
+
 impl MpiGroup {
-    /// Whether a collective of `bytes` on this group is large ([`large`]); never on the
-    /// world's group, whose control messages must choose alike before the processes have
-    /// agreed on the size ([`MpiGroup::control`]).
+    /// Whether a collective of `bytes` on this group is large ([`large`]): never for the
+    /// control messages ([`control`]), which choose alike whatever the configured size.
     fn is_large(&self, bytes: usize) -> bool {
-        !self.control && large(bytes)
+        !self.control && CONTROL.with(|c| c.get()) == 0 && large(bytes)
     }
 
     /// The frame of the all-to-alls: checks the receive parts (one per member, inside `recv`)
@@ -358,7 +379,7 @@ impl MpiGroup {
         };
         #[cfg(not(target_os = "linux"))]
         let probe = || None;
-        self.single_copy.get_or_init(probe).as_deref()
+        self.single_copy.get_or_init(|| control(probe)).as_deref()
     }
 
     /// [`ProcessGroup::all_to_all_boxes`] by cross-memory attach ([`super::cma`]): once every
@@ -829,11 +850,13 @@ unsafe impl ProcessGroup for MpiGroup {
             control: false,
         };
         let me = self.world_ranks[self.rank] as u64;
-        let all = g.all_gather(
-            &me.to_le_bytes(),
-            &vec![8; size],
-            "start-up exchange of a process group's ranks",
-        );
+        let all = control(|| {
+            g.all_gather(
+                &me.to_le_bytes(),
+                &vec![8; size],
+                "start-up exchange of a process group's ranks",
+            )
+        });
         g.world_ranks = all
             .chunks(8)
             .map(|c| u64::from_le_bytes(c.try_into().unwrap()) as usize)
