@@ -14,8 +14,8 @@
 //! | [`Config::large_message_bytes`] | `BURN_DTENSOR_LARGE_MESSAGE_KIB` (KiB) | 1024 KiB | at every cross-process collective on MPI |
 //!
 //! Every process of an SPMD run must use the same reduction, engine, gradient bucket size,
-//! strided send and large-message size: they are agreed on when a multi-process mesh is built ([`crate::spmd`]), and a
-//! difference is a typed error.
+//! strided send and large-message size: they are agreed on when a multi-process mesh is built
+//! ([`crate::spmd`]), and a difference is a typed error.
 //!
 //! ```
 //! use burn_dtensor::{Config, Reduction, configure, config};
@@ -99,12 +99,13 @@ pub enum StridedSend {
     /// kernel (Linux cross-memory attach, `process_vm_writev`): one copy of each byte, as
     /// Open MPI moves a contiguous message between processes of one host, where packing then
     /// sending copies it twice. Used for large messages ([`Config::large_message_bytes`], from
-    /// 1 MiB by default: below that its two extra rounds cost more than the copy) on MPI process groups whose members all run on one host
-    /// and may write into each other (checked once per group, by every member reading every
-    /// peer's memory); other groups, smaller tensors and other engines pack. The ordered
-    /// reduction's exchanges of such groups, and their all-gathers from 3 processes on, move
-    /// their (contiguous) parts the same way, in one round where MPI's algorithms take `log p`
-    /// or `p - 1` (the other two forms leave them to MPI's collective). The default.
+    /// 1 MiB by default: below that its two extra rounds cost more than the copy) on MPI
+    /// process groups whose members all run on one host and may write into each other
+    /// (checked once per group, by every member reading every peer's memory); other groups,
+    /// smaller tensors and other engines pack. The ordered reduction's exchanges of such
+    /// groups, and their all-gathers from 3 processes on, move their (contiguous) parts the
+    /// same way, in one round where MPI's algorithms take `log p` or `p - 1` (the other two
+    /// forms leave them to MPI's collective). The default.
     ///
     /// Where Linux's Yama module limits such writes to a process's ancestors (`ptrace_scope`
     /// 1, as on Ubuntu), each process first lets same-user processes in
@@ -155,11 +156,14 @@ pub struct Config {
     /// all-to-all parts are written straight into the peers (below it, the single copy's two
     /// extra rounds cost more than the copy they save). The default, 1 MiB, comes from
     /// measurements on a 2-core machine with 2 and 4 processes (NOTES.md, "Speed across
-    /// processes"); the crossover moves with the machine's memory bandwidth and core count, so measure it with
-    /// `benches/spmd_collectives.rs` on yours. Every member moves the same bytes either way, so
-    /// the results do not change, except that [`Reduction::Engine`]'s sums may be added in
-    /// another order (the ordered reduction's are bitwise the same). 0 makes every collective
-    /// large.
+    /// processes"); the crossover moves with the machine and the process count (there, the
+    /// engine all-reduce's blocking call was faster from 262 KB on 2 processes, the polled one
+    /// up to 1 MB on 4 sharing the 2 cores), so measure it on yours with
+    /// `benches/spmd_collectives.rs` (`SPMD_BENCH_SIDE` picks one size). Every member moves the
+    /// same bytes either way, so the results do not change, except that [`Reduction::Engine`]'s
+    /// sums may be added in another order (the ordered reduction's are bitwise the same). 0
+    /// makes every collective large. The world's own control messages (the start-up checks,
+    /// checkpoints' indexes) and a process group's set-up exchanges are never large.
     pub large_message_bytes: usize,
 }
 

@@ -544,8 +544,11 @@ fn engine_reduction_across_processes() {
 /// tensors of 1 MiB and more, as the all-gathers and the ordered reductions' exchanges are
 /// then): every settled rank-3 layout relaid out to every other, even, uneven and empty
 /// shards, gives the packed send's shards bitwise, the same collectives, and the whole
-/// tensor's bytes gathered. A pending sum of 1.07 MB (values whose sum depends on the order)
-/// settled into every layout equals, bitwise, the same mesh held by one process.
+/// tensor's bytes gathered, also with every message large (`Config::large_message_bytes` 0:
+/// MPI's blocking collectives and the single copy on small shapes). A pending sum of 1.07 MB
+/// (values whose sum depends on the order) settled into every layout equals, bitwise, the
+/// same mesh held by one process. A mesh built while every message is large sets up its
+/// groups (their ranks, the single-copy probe) without hanging.
 #[test]
 fn strided_sends_across_processes() {
     let name = "strided_sends_across_processes";

@@ -109,10 +109,11 @@ pub(crate) fn world() -> Result<Arc<dyn ProcessGroup>> {
 /// Whether a message of `bytes` (the whole buffer, equal on every member, so that all choose
 /// alike) is large: at least [`Config::large_message_bytes`](crate::Config::large_message_bytes)
 /// (1 MiB by default; every process of a mesh has agreed on it). Large messages take the
-/// blocking collective after a polled `MPI_Ibarrier` ([`MpiGroup::arrive`]): the barrier catches a peer that never comes (the fault policy's
-/// timeout), and the blocking call runs Open MPI's tuned algorithms, where the non-blocking
-/// ones (`libnbc`) progress only while polled (measured, 2 processes: an all-gather of 4 MB at
-/// 0.15-1.0x the blocking `MPI_Allgather` non-blocking). A peer that stops in the middle of a
+/// blocking collective after a polled `MPI_Ibarrier` ([`MpiGroup::arrive`]): the barrier
+/// catches a peer that never comes (the fault policy's timeout), and the blocking call runs
+/// Open MPI's tuned algorithms, where the non-blocking ones (`libnbc`) progress only while
+/// polled (measured, 2 processes: an all-gather of 4 MB at 0.15-1.0x the blocking
+/// `MPI_Allgather` non-blocking). A peer that stops in the middle of a
 /// blocking transfer is left to MPI (a process that dies ends an `mpirun` job). The
 /// reduce-scatter stays non-blocking, polled without sleeping (`MPI_Reduce_scatter_block` ran
 /// 2-5x slower than `libnbc`'s here), and so does the all-to-all (its members' byte counts
