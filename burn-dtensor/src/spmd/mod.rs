@@ -502,6 +502,7 @@ pub(crate) fn grid(
         .join(",");
     // Everything that shapes the collective sequence and the bytes on the wire: a difference
     // here would surface later as a raw engine error (MPI_ERR_TRUNCATE) or a hang.
+    let cfg = try_config()?;
     world.agree_fields(
         "mesh",
         &[
@@ -509,16 +510,13 @@ pub(crate) fn grid(
             ("devices per process", local.to_string()),
             ("device type", device_type.to_string()),
             ("cross-process engine", engine.to_string()),
-            ("reduction", format!("{:?}", try_config()?.reduction)),
+            ("reduction", format!("{:?}", cfg.reduction)),
             (
                 "gradient bucket bytes",
-                try_config()?.gradient_bucket_bytes.to_string(),
+                cfg.gradient_bucket_bytes.to_string(),
             ),
-            ("strided send", format!("{:?}", try_config()?.strided_send)),
-            (
-                "large message bytes",
-                try_config()?.large_message_bytes.to_string(),
-            ),
+            ("strided send", format!("{:?}", cfg.strided_send)),
+            ("large message bytes", cfg.large_message_bytes.to_string()),
         ],
     )?;
     let err = |reason: String| DTensorError::ProcessGrid {
