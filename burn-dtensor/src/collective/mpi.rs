@@ -130,15 +130,11 @@ fn large(bytes: usize) -> bool {
 const BUSY_POLL: Duration = Duration::from_secs(1);
 
 /// Polls `done` (one `MPI_Test`) until it returns true; past the timeout, ends the process
-/// naming `what`. `bytes` (the larger of what this process sends and receives) chooses how hard
-/// it polls ([`large`]).
-fn poll(mut done: impl FnMut() -> bool, bytes: usize, what: &str, members: &[usize]) {
+/// naming `what`. `large` ([`MpiGroup::is_large`] of the larger of what this process sends and
+/// receives: never for a control message) chooses how hard it polls.
+fn poll(mut done: impl FnMut() -> bool, large: bool, what: &str, members: &[usize]) {
     let timeout = config().collective_timeout;
-    let busy = if large(bytes) {
-        BUSY_POLL
-    } else {
-        Duration::ZERO
-    };
+    let busy = if large { BUSY_POLL } else { Duration::ZERO };
     let start = Instant::now();
     let mut polls = 0u32;
     while !done() {
@@ -157,10 +153,10 @@ fn poll(mut done: impl FnMut() -> bool, bytes: usize, what: &str, members: &[usi
     }
 }
 
-/// Polls `req`, moving `bytes`, until it completes ([`poll`]).
+/// Polls `req`, a `large` message or not, until it completes ([`poll`]).
 fn wait<'a, R: ?Sized, S: Scope<'a>>(
     req: Request<'a, R, S>,
-    bytes: usize,
+    large: bool,
     what: &str,
     members: &[usize],
 ) {
@@ -173,15 +169,15 @@ fn wait<'a, R: ?Sized, S: Scope<'a>>(
                 false
             }
         },
-        bytes,
+        large,
         what,
         members,
     );
 }
 
-/// Polls a raw request, started by a raw non-blocking call and moving `bytes`, until it
+/// Polls a raw request, started by a raw non-blocking call, a `large` message or not, until it
 /// completes ([`poll`]).
-fn wait_raw(mut req: ffi::MPI_Request, bytes: usize, what: &str, members: &[usize]) {
+fn wait_raw(mut req: ffi::MPI_Request, large: bool, what: &str, members: &[usize]) {
     poll(
         || {
             let mut flag = 0;
@@ -189,7 +185,7 @@ fn wait_raw(mut req: ffi::MPI_Request, bytes: usize, what: &str, members: &[usiz
             unsafe { ffi::MPI_Test(&mut req, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
             flag != 0
         },
-        bytes,
+        large,
         what,
         members,
     );
@@ -313,7 +309,7 @@ impl MpiGroup {
         let _guard = LOCK.lock().unwrap();
         let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
         let keep = start(send_ptr, recv_ptr, &rc, &rd, &mut req);
-        wait_raw(req, total.max(sent), what, &self.world_ranks);
+        wait_raw(req, self.is_large(total.max(sent)), what, &self.world_ranks);
         drop(keep);
     }
 
@@ -457,7 +453,7 @@ impl MpiGroup {
                 &mut req,
             )
         };
-        wait_raw(req, 0, what, &self.world_ranks);
+        wait_raw(req, false, what, &self.world_ranks);
         drop(guard);
         for (q, b) in send_boxes.iter().enumerate() {
             let v = |i: usize| {
@@ -569,7 +565,7 @@ impl MpiGroup {
         let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
         // SAFETY: a plain non-blocking barrier on this group's communicator.
         unsafe { ffi::MPI_Ibarrier(self.comm.0.as_raw(), &mut req) };
-        wait_raw(req, 0, what, &self.world_ranks);
+        wait_raw(req, false, what, &self.world_ranks);
     }
     /// The all-reduce of [`ProcessGroup::all_reduce_into`] (`send` given) or of
     /// [`ProcessGroup::all_reduce`] (`send` `None`: `MPI_IN_PLACE`, which the caller has checked
@@ -607,7 +603,7 @@ impl MpiGroup {
         // SAFETY: `send` (or `recv` itself) and `recv` hold `n` elements of `t` and outlive the
         // wait below.
         unsafe { ffi::MPI_Iallreduce(send_ptr, recv, n, t, o, self.comm.0.as_raw(), &mut req) };
-        wait_raw(req, len, what, &self.world_ranks);
+        wait_raw(req, self.is_large(len), what, &self.world_ranks);
     }
     /// The all-gather of [`ProcessGroup::all_gather_into`] (`send` given: this member's
     /// `counts[rank]` bytes) or of [`ProcessGroup::all_gather_in_place`] (`send` `None`:
@@ -725,7 +721,7 @@ impl MpiGroup {
                 &mut req,
             )
         };
-        wait_raw(req, total, what, &self.world_ranks);
+        wait_raw(req, self.is_large(total), what, &self.world_ranks);
     }
 }
 
@@ -950,7 +946,7 @@ unsafe impl ProcessGroup for MpiGroup {
                 &mut req,
             )
         };
-        wait_raw(req, send.len(), what, &self.world_ranks);
+        wait_raw(req, self.is_large(send.len()), what, &self.world_ranks);
     }
     /// `MPI_Iallgatherv`, or for a large message ([`large`]) the single copy into the
     /// peers' buffers ([`MpiGroup::single_copy`]) or the blocking `MPI_Allgatherv`, into
@@ -1128,7 +1124,7 @@ unsafe impl ProcessGroup for MpiGroup {
                 .0
                 .process_at_rank(root as i32)
                 .immediate_broadcast_into(s, buf);
-            wait(req, len, what, &self.world_ranks);
+            wait(req, self.is_large(len), what, &self.world_ranks);
         });
     }
 }
