@@ -20,8 +20,10 @@
 //!    `keras.utils.pad_sequences` does by default (`padding="pre"`, `truncating="pre"`), which
 //!    the Keras transformer example applies to `keras.datasets.imdb`'s sequences.
 
-use std::collections::HashMap;
 use std::path::Path;
+
+// foldhash, as the TF-IDF vectorizer (see there).
+use foldhash::HashMap;
 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};

@@ -36,8 +36,12 @@
 //!    (`count as f32 * idf`); every token outside the vocabulary counts into index 0 (times
 //!    the OOV weight). No normalisation.
 
-use std::collections::HashMap;
 use std::path::Path;
+
+// foldhash (hashbrown's default hasher) rather than std's SipHash: the vocabulary's lookups are
+// short strings hashed once per token, and no input here is adversarial. Counting the 25k
+// training reviews and vectorising the 50k took 15% and 25% less time (session 73).
+use foldhash::{HashMap, HashMapExt};
 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -101,27 +105,105 @@ pub fn tokenize(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// Per-term statistics while fitting: (total occurrences, documents containing the term).
-pub(crate) type Counts = HashMap<String, (u64, u64)>;
+/// Per-term statistics while fitting.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct TermCount {
+    /// Occurrences over all documents.
+    total: u64,
+    /// Documents containing the term (the `df` of the idf formula).
+    documents: u64,
+    /// The number of the last document (counted from 1 in its [`Counter`]) that contained the
+    /// term: a document adds to `documents` only on its first occurrence of the term.
+    last_document: u64,
+}
+
+/// Term statistics of a run of documents, counted one document after another.
+pub(crate) struct Counter {
+    terms: HashMap<String, TermCount>,
+    documents: u64,
+}
+
+/// The fitted term statistics: term -> [`TermCount`].
+pub(crate) type Counts = HashMap<String, TermCount>;
+
+impl Counter {
+    fn new() -> Self {
+        Counter {
+            terms: HashMap::new(),
+            documents: 0,
+        }
+    }
+
+    /// Adds one document's tokens: one to each token's total, and one to the document
+    /// frequency of each distinct term (one hash lookup per token, no sort).
+    fn add_document(&mut self, text: &str) {
+        self.documents += 1;
+        let doc = self.documents;
+        let standardized = standardize(text);
+        for token in split_tokens(&standardized) {
+            match self.terms.get_mut(token) {
+                Some(entry) => {
+                    entry.total += 1;
+                    if entry.last_document != doc {
+                        entry.documents += 1;
+                        entry.last_document = doc;
+                    }
+                }
+                None => {
+                    self.terms.insert(
+                        token.to_owned(),
+                        TermCount {
+                            total: 1,
+                            documents: 1,
+                            last_document: doc,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    /// Merges `other`'s statistics into `self`'s (the larger map absorbs the smaller one). The
+    /// two counters saw different documents; no document is added after a merge.
+    fn merge(mut self, mut other: Counter) -> Counter {
+        if self.terms.len() < other.terms.len() {
+            std::mem::swap(&mut self, &mut other);
+        }
+        for (term, count) in other.terms {
+            let entry = self.terms.entry(term).or_insert(TermCount {
+                total: 0,
+                documents: 0,
+                last_document: 0,
+            });
+            entry.total += count.total;
+            entry.documents += count.documents;
+        }
+        self.documents += other.documents;
+        self
+    }
+}
 
 /// The [`Counts`] of `texts` (one document each), counted in parallel (rayon); the result does
 /// not depend on the number of threads.
 pub(crate) fn count_terms<S: AsRef<str> + Sync>(texts: &[S]) -> Counts {
     texts
         .par_iter()
-        .fold(Counts::new, |mut counts, text| {
-            add_document(&mut counts, text.as_ref());
-            counts
+        .fold(Counter::new, |mut counter, text| {
+            counter.add_document(text.as_ref());
+            counter
         })
-        .reduce(Counts::new, merge_counts)
+        .reduce(Counter::new, Counter::merge)
+        .terms
 }
 
 /// The `keep` most frequent terms as `(term, total count, document frequency)`, in Keras'
 /// vocabulary order (`IndexLookup.finalize_state`): total count descending, ties broken by the
 /// term's bytes in descending order.
 pub(crate) fn ranked_terms(counts: Counts, keep: usize) -> Vec<(String, u64, u64)> {
-    let mut terms: Vec<(String, u64, u64)> =
-        counts.into_iter().map(|(t, (c, df))| (t, c, df)).collect();
+    let mut terms: Vec<(String, u64, u64)> = counts
+        .into_iter()
+        .map(|(t, c)| (t, c.total, c.documents))
+        .collect();
     // Total count descending, then the term's bytes descending (terms are unique).
     terms.sort_unstable_by(|a, b| {
         b.1.cmp(&a.1)
@@ -129,40 +211,6 @@ pub(crate) fn ranked_terms(counts: Counts, keep: usize) -> Vec<(String, u64, u64
     });
     terms.truncate(keep);
     terms
-}
-
-/// Adds one document's tokens to `counts`: total occurrences, and one to the document
-/// frequency of each distinct term.
-fn add_document(counts: &mut Counts, text: &str) {
-    let standardized = standardize(text);
-    // Sorting groups equal tokens: one hash lookup per distinct term of the document.
-    let mut tokens: Vec<&str> = split_tokens(&standardized).collect();
-    tokens.sort_unstable();
-    for run in tokens.chunk_by(|a, b| a == b) {
-        let n = run.len() as u64;
-        match counts.get_mut(run[0]) {
-            Some(entry) => {
-                entry.0 += n;
-                entry.1 += 1;
-            }
-            None => {
-                counts.insert(run[0].to_owned(), (n, 1));
-            }
-        }
-    }
-}
-
-/// Merges `b` into `a` (the larger map absorbs the smaller one).
-fn merge_counts(mut a: Counts, mut b: Counts) -> Counts {
-    if a.len() < b.len() {
-        std::mem::swap(&mut a, &mut b);
-    }
-    for (term, (count, df)) in b {
-        let entry = a.entry(term).or_insert((0, 0));
-        entry.0 += count;
-        entry.1 += df;
-    }
-    a
 }
 
 /// A dense, row-major `f32` matrix of TF-IDF features.
@@ -320,16 +368,14 @@ impl TfIdfVectorizer {
         I::Item: AsRef<str>,
     {
         check_max_tokens(max_tokens)?;
-        let mut counts = Counts::new();
-        let mut n = 0u64;
+        let mut counter = Counter::new();
         for text in texts {
-            add_document(&mut counts, text.as_ref());
-            n += 1;
+            counter.add_document(text.as_ref());
         }
-        if n == 0 {
+        if counter.documents == 0 {
             return Err(DataError::EmptyCorpus);
         }
-        Self::from_counts(counts, n, max_tokens)
+        Self::from_counts(counter.terms, counter.documents, max_tokens)
     }
 
     fn from_counts(
