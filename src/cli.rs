@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 
 use crate::batch::DropPolicy;
-use crate::data::imdb;
 use crate::model::LossReduction;
 use crate::train::{
     self, AppError, Distributed, Mode, OptimizerKind, Placement, Prepared, Progress, Single,
@@ -479,10 +478,14 @@ pub fn run_args(args: Args) -> Result<(), AppError> {
                 .into(),
         ));
     }
-    let path = imdb::resolve_source(args.run.data.as_deref())?;
-    crate::say!("loading {} ...", path.display());
     let t = std::time::Instant::now();
-    let data = train::prepare(&path)?;
+    // In an SPMD launch rank 0 prepares the data and sends it to the others (a world of one,
+    // `--mode single` included, prepares it itself).
+    let data = train::prepare_once(
+        burn_dtensor::spmd::init()?,
+        args.run.data.as_deref(),
+        |path| crate::say!("loading {} ...", path.display()),
+    )?;
     crate::say!(
         "{} train / {} test reviews vectorised (TF-IDF, {} terms) in {:.1} s",
         data.train.labels.len(),

@@ -15,6 +15,7 @@ use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use burn::tensor::backend::{AutodiffBackend, Backend, BackendTypes};
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_dtensor::checkpoint::{Checkpoint, ShardedOptimizer, StateDict};
+use burn_dtensor::spmd::World;
 use burn_dtensor::{
     CommEvent, CommLog, DistributedBackend, DistributedDevice, Layout, LayoutMap, Mesh, UNSHARDED,
     record_comms,
@@ -23,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::batch::{DropPolicy, VectorizedSet, batches, epoch_order};
 use crate::checkpoint::{self, Adaptor, OPTIM_PREFIX, lib_err};
-use crate::data::tfidf::TfIdfVectorizer;
+use crate::data::tfidf::{SparseCounts, TfIdfVectorizer};
 use crate::data::{DataError, imdb};
 use crate::model::{ImdbMlp, LossReduction, correct};
 
@@ -166,29 +167,204 @@ pub struct Prepared {
 }
 
 /// Loads aclImdb from `path` (see [`imdb::resolve_source`]), fits the TF-IDF on the train texts
-/// and vectorises both splits.
+/// and vectorises both splits (each review's term counts weighed by the idf:
+/// `TfIdfVectorizer::count_rows` then `weigh`, bitwise `TfIdfVectorizer::transform`).
 ///
 /// # Errors
 /// Data errors (missing or corrupt archive, ...).
 pub fn prepare(path: &Path) -> Result<Prepared, AppError> {
+    count_prepared(path)?.weigh()
+}
+
+/// [`prepare`] once per SPMD launch, for every rank: rank 0 resolves the source (`data`, as
+/// [`imdb::resolve_source`]; `on_source` is called with the path it found), loads the reviews,
+/// fits the TF-IDF and counts each review's terms; it sends every other rank the fitted
+/// vectorizer and the sparse term counts ([`SparseCounts`], about a twelfth of the dense
+/// features' bytes on aclImdb, as one safetensors buffer through
+/// [`World::all_gather_bytes`]), and every rank weighs them into its dense features: bitwise
+/// what [`prepare`] gives, with one rank's work instead of every rank's (8 ranks on 2 cores
+/// spent 10-12 s each preparing the same data; NOTES.md, session 73). The other ranks never
+/// open the archive. In a world of one this is [`prepare`].
+///
+/// A collective: every rank calls it at the same point.
+///
+/// # Errors
+/// On rank 0 its data errors; on the other ranks [`AppError::Data`] saying that rank 0 could
+/// not prepare the data (rank 0's own message says why), or that its buffer was malformed.
+pub fn prepare_once(
+    world: &World,
+    data: Option<&Path>,
+    on_source: impl FnOnce(&Path),
+) -> Result<Prepared, AppError> {
+    if world.size() == 1 {
+        let path = imdb::resolve_source(data)?;
+        on_source(&path);
+        return prepare(&path);
+    }
+    const WHAT: &str = "prepared IMDB data";
+    if world.rank() == 0 {
+        let counted = imdb::resolve_source(data)
+            .map_err(AppError::from)
+            .and_then(|path| {
+                on_source(&path);
+                count_prepared(&path)
+            });
+        // An empty buffer tells the others that rank 0 failed (they do not wait for a
+        // collective that never comes).
+        let encoded = counted.and_then(|c| c.encode().map(|bytes| (c, bytes)));
+        let sent = encoded
+            .as_ref()
+            .map_or(&[][..], |(_, bytes)| bytes.as_slice());
+        world.all_gather_bytes(sent, WHAT);
+        encoded?.0.weigh()
+    } else {
+        let mut all = world.all_gather_bytes(&[], WHAT);
+        let bytes = std::mem::take(&mut all[0]);
+        if bytes.is_empty() {
+            return Err(AppError::Data(DataError::SharedPreparation {
+                reason: "rank 0 could not prepare the data (its own error says why)".into(),
+            }));
+        }
+        Counted::decode(&bytes)?.weigh()
+    }
+}
+
+/// What rank 0 of [`prepare_once`] sends: the fitted vectorizer and each split's term counts
+/// and labels.
+struct Counted {
+    vectorizer: TfIdfVectorizer,
+    train: (SparseCounts, Vec<u8>),
+    test: (SparseCounts, Vec<u8>),
+}
+
+/// [`prepare`] up to the term counts.
+fn count_prepared(path: &Path) -> Result<Counted, AppError> {
     let data = imdb::load(path)?;
     let train_texts: Vec<&str> = data.train.iter().map(|r| r.text.as_str()).collect();
     let vectorizer = TfIdfVectorizer::fit(&train_texts, crate::model::INPUT_DIM)?;
     check_vocabulary(vectorizer.vocab_size(), data.train.len())?;
     let set = |reviews: &[imdb::Review]| {
         let texts: Vec<&str> = reviews.iter().map(|r| r.text.as_str()).collect();
-        let m = vectorizer.transform(&texts);
-        VectorizedSet {
-            features: m.values,
-            width: m.cols,
-            labels: reviews.iter().map(|r| r.label).collect(),
-        }
+        let labels = reviews.iter().map(|r| r.label).collect();
+        (vectorizer.count_rows(&texts), labels)
     };
-    Ok(Prepared {
+    Ok(Counted {
         train: set(&data.train),
         test: set(&data.test),
         vectorizer,
     })
+}
+
+impl Counted {
+    /// Tensor names of one split's arrays in the buffer.
+    const ARRAYS: [&str; 4] = ["offsets", "columns", "counts", "labels"];
+
+    /// One safetensors buffer: per split `offsets` (U64), `columns` and `counts` (U32) and
+    /// `labels` (U8), the vectorizer as JSON in the header's metadata.
+    fn encode(&self) -> Result<Vec<u8>, AppError> {
+        use safetensors::{Dtype, tensor::TensorView};
+        let le = |v: &[u64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let le32 = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let mut arrays = Vec::new();
+        for (split, (c, labels)) in [("train", &self.train), ("test", &self.test)] {
+            let [o, col, n, l] = Self::ARRAYS.map(|a| format!("{split}.{a}"));
+            arrays.push((o, Dtype::U64, c.offsets.len(), le(&c.offsets)));
+            arrays.push((col, Dtype::U32, c.columns.len(), le32(&c.columns)));
+            arrays.push((n, Dtype::U32, c.counts.len(), le32(&c.counts)));
+            arrays.push((l, Dtype::U8, labels.len(), labels.clone()));
+        }
+        let bad = |e: String| AppError::Data(DataError::SharedPreparation { reason: e });
+        let views = arrays
+            .iter()
+            .map(|(name, dtype, len, bytes)| {
+                TensorView::new(*dtype, vec![*len], bytes)
+                    .map(|v| (name.as_str(), v))
+                    .map_err(|e| bad(e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let json = serde_json::to_string(&self.vectorizer).map_err(|e| bad(e.to_string()))?;
+        let meta = std::collections::HashMap::from([("vectorizer".to_owned(), json)]);
+        safetensors::serialize(views, Some(meta)).map_err(|e| bad(e.to_string()))
+    }
+
+    /// The inverse of [`encode`](Self::encode).
+    fn decode(bytes: &[u8]) -> Result<Self, AppError> {
+        let bad = |e: String| AppError::Data(DataError::SharedPreparation { reason: e });
+        let (_, header) =
+            safetensors::SafeTensors::read_metadata(bytes).map_err(|e| bad(e.to_string()))?;
+        let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
+        let json = header
+            .metadata()
+            .as_ref()
+            .and_then(|m| m.get("vectorizer"))
+            .ok_or_else(|| bad("no vectorizer in the buffer's metadata".into()))?;
+        let vectorizer: TfIdfVectorizer =
+            serde_json::from_str(json).map_err(|e| bad(e.to_string()))?;
+        let array = |name: String, dtype: safetensors::Dtype| {
+            let t = st.tensor(&name).map_err(|e| bad(e.to_string()))?;
+            if t.dtype() != dtype {
+                return Err(bad(format!(
+                    "{name} is {:?}, expected {dtype:?}",
+                    t.dtype()
+                )));
+            }
+            Ok(t.data())
+        };
+        let split = |split: &str| -> Result<(SparseCounts, Vec<u8>), AppError> {
+            use safetensors::Dtype;
+            let [o, col, n, l] = Self::ARRAYS.map(|a| format!("{split}.{a}"));
+            let u64s = |b: &[u8]| -> Vec<u64> {
+                b.chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                    .collect()
+            };
+            let u32s = |b: &[u8]| -> Vec<u32> {
+                b.chunks_exact(4)
+                    .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+                    .collect()
+            };
+            let labels = array(l, Dtype::U8)?.to_vec();
+            let offsets = u64s(array(o, Dtype::U64)?);
+            Ok((
+                SparseCounts {
+                    rows: offsets.len().saturating_sub(1),
+                    cols: vectorizer.vocab_size(),
+                    offsets,
+                    columns: u32s(array(col, Dtype::U32)?),
+                    counts: u32s(array(n, Dtype::U32)?),
+                },
+                labels,
+            ))
+        };
+        let (train, test) = (split("train")?, split("test")?);
+        Ok(Counted {
+            train,
+            test,
+            vectorizer,
+        })
+    }
+
+    /// Every split's dense features (`TfIdfVectorizer::weigh`).
+    fn weigh(self) -> Result<Prepared, AppError> {
+        let set = |(counts, labels): (SparseCounts, Vec<u8>)| -> Result<VectorizedSet, AppError> {
+            if labels.len() != counts.rows {
+                return Err(AppError::Data(DataError::SharedPreparation {
+                    reason: format!("{} labels for {} rows", labels.len(), counts.rows),
+                }));
+            }
+            let m = self.vectorizer.weigh(&counts)?;
+            Ok(VectorizedSet {
+                features: m.values,
+                width: m.cols,
+                labels,
+            })
+        };
+        Ok(Prepared {
+            train: set(self.train)?,
+            test: set(self.test)?,
+            vectorizer: self.vectorizer,
+        })
+    }
 }
 
 /// Checks that the fitted vocabulary fills the model's input width ([`crate::model::INPUT_DIM`]
@@ -1088,4 +1264,66 @@ pub fn classify<B: Backend>(
         .to_vec::<f32>()
         .map_err(|e| AppError::Config(format!("reading the probabilities: {e:?}")))?;
     Ok(p.chunks(2).map(|c| c[1]).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A [`Counted`] of a few reviews (a vocabulary of 5), as rank 0 would send it.
+    fn counted() -> Counted {
+        let train = ["the cat sat", "the dog ran", "a cat and a dog", "the end"];
+        let test = ["dog dog", "unknown words", "the cat"];
+        let vectorizer = TfIdfVectorizer::fit(&train, 5).unwrap();
+        Counted {
+            train: (vectorizer.count_rows(&train), vec![0, 1, 1, 0]),
+            test: (vectorizer.count_rows(&test), vec![1, 0, 1]),
+            vectorizer,
+        }
+    }
+
+    #[test]
+    fn the_shared_preparation_buffer_round_trips_to_the_dense_features() {
+        let sent = counted();
+        let bytes = sent.encode().unwrap();
+        let got = Counted::decode(&bytes).unwrap();
+        assert_eq!(got.vectorizer, sent.vectorizer);
+        assert_eq!(got.train, sent.train);
+        assert_eq!(got.test, sent.test);
+        // The receiving rank's features are the vectorizer's dense transform, bitwise.
+        let prepared = got.weigh().unwrap();
+        let dense = sent
+            .vectorizer
+            .transform(&["dog dog", "unknown words", "the cat"]);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&prepared.test.features), bits(&dense.values));
+        assert_eq!(prepared.test.width, 5);
+        assert_eq!(prepared.train.labels, vec![0, 1, 1, 0]);
+    }
+
+    #[test]
+    fn a_malformed_shared_preparation_buffer_is_a_typed_error() {
+        let bytes = counted().encode().unwrap();
+        let shared_err = |r: Result<Counted, AppError>| {
+            matches!(r, Err(AppError::Data(DataError::SharedPreparation { .. })))
+        };
+        assert!(shared_err(Counted::decode(&bytes[..bytes.len() / 2])));
+        assert!(shared_err(Counted::decode(b"not a buffer")));
+        // A buffer without the vectorizer.
+        let mut c = counted();
+        let no_meta = {
+            let offsets = c.train.0.offsets.iter().flat_map(|x| x.to_le_bytes());
+            let b: Vec<u8> = offsets.collect();
+            let shape = vec![c.train.0.offsets.len()];
+            let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U64, shape, &b);
+            safetensors::serialize([("train.offsets", view.unwrap())], None).unwrap()
+        };
+        assert!(shared_err(Counted::decode(&no_meta)));
+        // Labels that do not match the rows.
+        c.test.1.pop();
+        assert!(matches!(
+            c.weigh(),
+            Err(AppError::Data(DataError::SharedPreparation { .. }))
+        ));
+    }
 }

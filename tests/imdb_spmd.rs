@@ -177,6 +177,34 @@ fn example_as_2_4_8_processes_matches_one_process_f32() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Rank 0 alone prepares the data in an SPMD launch (`train::prepare_once`): a source it cannot
+/// open ends the launch with its error, and the other ranks, which wait for its data, are told
+/// that it failed instead of waiting out the collective timeout.
+#[test]
+fn a_missing_archive_ends_the_launch_with_rank_0s_error() {
+    if !mpi_ready() {
+        return;
+    }
+    let missing = std::env::temp_dir().join(format!("no-imdb-{}.tar.gz", std::process::id()));
+    let mut c = mpirun(2);
+    c.arg(example())
+        .args(["--mode", "data", "--data", missing.to_str().unwrap()])
+        .env("BURN_DTENSOR_COLLECTIVE_TIMEOUT_S", "60");
+    let out = c.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert_ne!(out.status.code(), Some(124), "the launch hung:\n{text}");
+    assert!(
+        text.contains("rank 0 of 2") && text.contains(&*missing.to_string_lossy()),
+        "rank 0's error about the missing archive expected:\n{text}"
+    );
+    assert!(!text.contains("did not complete within"), "{text}");
+}
+
 type F64 = NdArray<f64>;
 
 fn cfg() -> TrainConfig {
@@ -266,14 +294,18 @@ fn f64_worker() {
     ) else {
         panic!("run by f64_as_2_4_8_processes_matches_one_process (IMDB_SPMD_MODE/OUT unset)");
     };
-    let data = train::prepare(&common::archive().unwrap()).unwrap();
+    // Prepared once by rank 0 and weighed by every rank from its sparse counts: bitwise the
+    // parent's `train::prepare`, which the dumps below are compared with.
+    let world = burn_dtensor::spmd::init().unwrap();
+    let archive = common::archive().unwrap();
+    let data = train::prepare_once(world, Some(&archive), |_| ()).unwrap();
     let mode = match mode.to_str().unwrap() {
         "data" => Mode::Data,
         "model" => Mode::Model,
         _ => Mode::Spatial,
     };
     let dump = train_f64(mode, &data, true);
-    let rank = burn_dtensor::spmd::init().unwrap().rank();
+    let rank = world.rank();
     let path = PathBuf::from(out).join(format!("rank{rank}.json"));
     std::fs::write(path, serde_json::to_vec(&dump).unwrap()).unwrap();
 }

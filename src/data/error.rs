@@ -207,6 +207,27 @@ pub enum DataError {
         documents: usize,
     },
 
+    /// A multi-process launch's shared preparation ([`crate::train::prepare_once`]) failed on
+    /// the receiving side.
+    #[error(
+        "the IMDB data prepared by rank 0 could not be used: {reason}; fix: see rank 0's error, \
+         or run every rank from the same build"
+    )]
+    SharedPreparation {
+        /// What went wrong.
+        reason: String,
+    },
+
+    /// Sparse term counts do not fit the vectorizer they are weighed with.
+    #[error(
+        "sparse term counts do not fit the TF-IDF vectorizer: {reason}; fix: count them with \
+         `TfIdfVectorizer::count_rows` of the same vectorizer"
+    )]
+    InvalidCounts {
+        /// What does not fit.
+        reason: String,
+    },
+
     /// A serialized vectorizer is inconsistent (e.g. vocabulary and idf lengths differ).
     #[error("invalid TF-IDF vectorizer state: {reason}; fix: re-fit and save it again")]
     InvalidVectorizer {
