@@ -179,14 +179,16 @@ pub fn prepare(path: &Path) -> Result<Prepared, AppError> {
 /// [`prepare`] once per SPMD launch, for every rank: rank 0 resolves the source (`data`, as
 /// [`imdb::resolve_source`]; `on_source` is called with the path it found), loads the reviews,
 /// fits the TF-IDF and counts each review's terms; it sends every other rank the fitted
-/// vectorizer and the sparse term counts ([`SparseCounts`], about a twelfth of the dense
-/// features' bytes on aclImdb, as one safetensors buffer through
+/// vectorizer and the sparse term counts ([`SparseCounts`], 38 MB against the dense features'
+/// 240 MB on aclImdb, as one safetensors buffer through
 /// [`World::all_gather_bytes`]), and every rank weighs them into its dense features: bitwise
 /// what [`prepare`] gives, with one rank's work instead of every rank's (8 ranks on 2 cores
 /// spent 10-12 s each preparing the same data; NOTES.md, session 73). The other ranks never
 /// open the archive. In a world of one this is [`prepare`].
 ///
-/// A collective: every rank calls it at the same point.
+/// A collective: every rank calls it at the same point. The other ranks wait for rank 0 up to
+/// [`PREPARE_TIMEOUT`] (or the collective timeout, if longer), not the collective timeout:
+/// on a first run rank 0 may be downloading the archive.
 ///
 /// # Errors
 /// On rank 0 its data errors; on the other ranks [`AppError::Data`] saying that rank 0 could
@@ -218,7 +220,11 @@ pub fn prepare_once(
         world.all_gather_bytes(sent, WHAT);
         encoded?.0.weigh()
     } else {
+        let before = burn_dtensor::config();
+        let patient = before.collective_timeout.max(PREPARE_TIMEOUT);
+        burn_dtensor::configure(before.with_collective_timeout(patient));
         let mut all = world.all_gather_bytes(&[], WHAT);
+        burn_dtensor::configure(before);
         let bytes = std::mem::take(&mut all[0]);
         if bytes.is_empty() {
             return Err(AppError::Data(DataError::SharedPreparation {
@@ -228,6 +234,11 @@ pub fn prepare_once(
         Counted::decode(&bytes)?.weigh()
     }
 }
+
+/// How long the other ranks of [`prepare_once`] wait for rank 0's data: long enough for a
+/// download of the archive (84 MB) on a slow link. A rank 0 that fails or panics ends the launch
+/// at once instead.
+pub const PREPARE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 
 /// What rank 0 of [`prepare_once`] sends: the fitted vectorizer and each split's term counts
 /// and labels.

@@ -238,8 +238,9 @@ impl TfIdfMatrix {
 
 /// The term counts of vectorised documents as compressed sparse rows: what
 /// [`TfIdfVectorizer::weigh`] turns into a [`TfIdfMatrix`] (`count as f32 * idf`, bitwise
-/// [`TfIdfVectorizer::transform`]'s values). On aclImdb it is about a twelfth of the dense
-/// matrix's bytes, so a multi-process launch prepares the data once and sends these.
+/// [`TfIdfVectorizer::transform`]'s values). On aclImdb (50k reviews, 94 distinct columns a
+/// review) it takes 38 MB against the dense matrix's 240 MB, so a multi-process launch prepares
+/// the data once and sends these.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SparseCounts {
     /// Number of documents.
