@@ -63,18 +63,20 @@ fn mpirun(np: usize) -> Command {
     c
 }
 
-fn run_ok(mut c: Command, what: &str) -> String {
+/// Runs `c` to its end: its exit status and its stdout then stderr.
+fn run(mut c: Command, what: &str) -> (std::process::ExitStatus, String) {
     let out = c.output().unwrap_or_else(|e| panic!("{what}: {e}"));
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{text}",
-        out.status
-    );
+    (out.status, text)
+}
+
+fn run_ok(c: Command, what: &str) -> String {
+    let (status, text) = run(c, what);
+    assert!(status.success(), "{what} failed ({status}):\n{text}");
     text
 }
 
@@ -190,14 +192,9 @@ fn a_missing_archive_ends_the_launch_with_rank_0s_error() {
     c.arg(example())
         .args(["--mode", "data", "--data", missing.to_str().unwrap()])
         .env("BURN_DTENSOR_COLLECTIVE_TIMEOUT_S", "60");
-    let out = c.output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(!out.status.success(), "{text}");
-    assert_ne!(out.status.code(), Some(124), "the launch hung:\n{text}");
+    let (status, text) = run(c, "mpirun -n 2 imdb_mlp --data <missing>");
+    assert!(!status.success(), "{text}");
+    assert_ne!(status.code(), Some(124), "the launch hung:\n{text}");
     assert!(
         text.contains("rank 0 of 2") && text.contains(&*missing.to_string_lossy()),
         "rank 0's error about the missing archive expected:\n{text}"
