@@ -1215,7 +1215,7 @@ fn gradient_buckets_across_processes() {
 
 /// Processes asking for different meshes get a typed error naming the rank that differs;
 /// a mesh whose blocks are not boxes is refused with the fix; a bad cross-process engine choice
-/// is a typed error.
+/// is a typed error. Also `World::broadcast_bytes`, which the examples' data preparation uses.
 #[test]
 fn start_up_checks_across_processes() {
     let name = "start_up_checks_across_processes";
@@ -1354,6 +1354,22 @@ fn start_up_checks_across_processes() {
     w.claim_devices(&[format!("CudaDevice {{ index: {} }}", w.rank())])
         .unwrap();
     w.claim_devices(&[]).unwrap();
+    // One rank's payload for all: rank 1's bytes (3 MB of a pattern, then none) arrive on every
+    // rank; rank 1 keeps its own vector, not a copy.
+    for len in [3 << 20, 0] {
+        let sent: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let mine = if w.rank() == 1 {
+            sent.clone()
+        } else {
+            vec![7; 5]
+        };
+        let at = mine.as_ptr();
+        let got = w.broadcast_bytes(mine, 1, "broadcast check");
+        assert_eq!(got, sent, "rank {}: broadcast of {len} bytes", w.rank());
+        if w.rank() == 1 {
+            assert_eq!(got.as_ptr(), at, "the root's bytes were copied");
+        }
+    }
     done(name);
 }
 

@@ -233,15 +233,50 @@ impl World {
 
     /// Every process's `mine` (any length), in rank order: a collective that every process
     /// calls in the same order (`[mine]` in a world of one). For control messages (a
-    /// checkpoint's shard index, say) and one-off payloads (the IMDB example's prepared data,
-    /// 38 MB from rank 0): the bytes go through two all-gathers on the world group, whose
-    /// messages are never large (no single copy, waits polled gently), and are copied once more
-    /// into the returned vectors.
+    /// checkpoint's shard index, say): the bytes go through two all-gathers on the world group,
+    /// whose messages are never large (no single copy, waits polled gently), and are copied once
+    /// more into the returned vectors. One process's payload for all goes through
+    /// [`broadcast_bytes`](Self::broadcast_bytes) instead.
     pub fn all_gather_bytes(&self, mine: &[u8], what: &str) -> Vec<Vec<u8>> {
         match &self.group {
             Some(g) => gather_bytes(g.as_ref(), mine, what),
             None => vec![mine.to_vec()],
         }
+    }
+
+    /// `root`'s `bytes` on every process (any length): a collective that every process calls in
+    /// the same order, each passing a vector of which only `root`'s is read (the others may pass
+    /// an empty one). `root` gets its own vector back (not copied); every other process receives
+    /// one copy of it, in chunks of at most 1 GiB through the world group's gentle path (waits
+    /// polled against the collective timeout; a length, then the bytes). For one-off payloads:
+    /// the IMDB examples' prepared data, 38-40 MB from rank 0. In a world of one: `bytes`.
+    ///
+    /// # Panics
+    /// When `root` is not a rank of the world (`0..size()`): a caller's bug, the same on every
+    /// process.
+    pub fn broadcast_bytes(&self, bytes: Vec<u8>, root: usize, what: &str) -> Vec<u8> {
+        assert!(
+            root < self.size(),
+            "burn-dtensor: broadcast_bytes from rank {root} in a world of {}: give a rank below \
+             the world's size",
+            self.size()
+        );
+        let Some(g) = &self.group else {
+            return bytes;
+        };
+        // MPI counts are `int`s: a payload goes in chunks well below 2^31 bytes.
+        const CHUNK: usize = 1 << 30;
+        let mut len = (bytes.len() as u64).to_le_bytes();
+        g.broadcast(&mut len, root, what);
+        let mut bytes = if self.rank() == root {
+            bytes
+        } else {
+            vec![0; u64::from_le_bytes(len) as usize]
+        };
+        for chunk in bytes.chunks_mut(CHUNK) {
+            g.broadcast(chunk, root, what);
+        }
+        bytes
     }
 
     /// Waits until every process gets here.
