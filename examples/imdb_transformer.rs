@@ -7,7 +7,6 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use dtensor_imdb::data::imdb;
 use dtensor_imdb::say;
 use dtensor_imdb::train::AppError;
 use dtensor_imdb::transformer_train::{TextData, TfConfig, TfMode, run};
@@ -21,9 +20,17 @@ fn main() -> ExitCode {
 
 fn main_with(cfg: TfConfig) -> Result<(), AppError> {
     cfg.check()?;
-    let path = imdb::resolve_source(cfg.data.as_deref())?;
     let t0 = std::time::Instant::now();
-    let data = TextData::prepare_with(&path, cfg.max_tokens, cfg.seq_len, cfg.truncate)?;
+    // Under `mpirun` rank 0 alone loads and vectorises the reviews and sends the token ids to
+    // the other ranks.
+    let data = TextData::prepare_once(
+        burn_dtensor::spmd::init()?,
+        cfg.data.as_deref(),
+        |_| (),
+        cfg.max_tokens,
+        cfg.seq_len,
+        cfg.truncate,
+    )?;
     say!(
         "loaded {} train / {} test reviews, vocabulary {} ids, {} tokens each ({:.1} s)",
         data.train.labels.len(),

@@ -20,6 +20,7 @@ pub mod learner_cli;
 pub mod memory;
 pub mod model;
 pub mod plot;
+pub mod shared_data;
 pub mod train;
 pub mod transformer;
 pub mod transformer_train;

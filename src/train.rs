@@ -27,6 +27,7 @@ use crate::checkpoint::{self, Adaptor, OPTIM_PREFIX, lib_err};
 use crate::data::tfidf::{SparseCounts, TfIdfVectorizer};
 use crate::data::{DataError, imdb};
 use crate::model::{ImdbMlp, LossReduction, correct};
+use crate::shared_data::{Reader, Writer, once_per_launch, shared};
 
 /// Errors of the example, each saying what to fix.
 #[derive(Debug, thiserror::Error)]
@@ -180,15 +181,15 @@ pub fn prepare(path: &Path) -> Result<Prepared, AppError> {
 /// [`imdb::resolve_source`]; `on_source` is called with the path it found), loads the reviews,
 /// fits the TF-IDF and counts each review's terms; it sends every other rank the fitted
 /// vectorizer and the sparse term counts ([`SparseCounts`], 38 MB against the dense features'
-/// 240 MB on aclImdb, as one safetensors buffer through
-/// [`World::all_gather_bytes`]), and every rank weighs them into its dense features: bitwise
+/// 240 MB on aclImdb, as one [`shared_data`](crate::shared_data) buffer through
+/// [`once_per_launch`]), and every rank weighs them into its dense features: bitwise
 /// what [`prepare`] gives, with one rank's work instead of every rank's (8 ranks on 2 cores
 /// spent 10-12 s each preparing the same data; NOTES.md, session 73). The other ranks never
 /// open the archive. In a world of one this is [`prepare`].
 ///
 /// A collective: every rank calls it at the same point. The other ranks wait for rank 0 up to
-/// [`PREPARE_TIMEOUT`] (or the collective timeout, if longer), not the collective timeout:
-/// on a first run rank 0 may be downloading the archive.
+/// [`PREPARE_TIMEOUT`](crate::shared_data::PREPARE_TIMEOUT) (or the collective timeout, if
+/// longer), not the collective timeout: on a first run rank 0 may be downloading the archive.
 ///
 /// # Errors
 /// On rank 0 its data errors; on the other ranks [`AppError::Data`] saying that rank 0 could
@@ -198,47 +199,16 @@ pub fn prepare_once(
     data: Option<&Path>,
     on_source: impl FnOnce(&Path),
 ) -> Result<Prepared, AppError> {
-    if world.size() == 1 {
+    let prepare = || {
         let path = imdb::resolve_source(data)?;
         on_source(&path);
-        return prepare(&path);
-    }
-    const WHAT: &str = "prepared IMDB data";
-    if world.rank() == 0 {
-        let counted = imdb::resolve_source(data)
-            .map_err(AppError::from)
-            .and_then(|path| {
-                on_source(&path);
-                count_prepared(&path)
-            });
-        // An empty buffer tells the others that rank 0 failed (they do not wait for a
-        // collective that never comes).
-        let encoded = counted.and_then(|c| c.encode().map(|bytes| (c, bytes)));
-        let sent = encoded
-            .as_ref()
-            .map_or(&[][..], |(_, bytes)| bytes.as_slice());
-        world.all_gather_bytes(sent, WHAT);
-        encoded?.0.weigh()
-    } else {
-        let before = burn_dtensor::config();
-        let patient = before.collective_timeout.max(PREPARE_TIMEOUT);
-        burn_dtensor::configure(before.with_collective_timeout(patient));
-        let mut all = world.all_gather_bytes(&[], WHAT);
-        burn_dtensor::configure(before);
-        let bytes = std::mem::take(&mut all[0]);
-        if bytes.is_empty() {
-            return Err(AppError::Data(DataError::SharedPreparation {
-                reason: "rank 0 could not prepare the data (its own error says why)".into(),
-            }));
-        }
-        Counted::decode(&bytes)?.weigh()
-    }
+        count_prepared(&path)
+    };
+    once_per_launch(world, "prepared IMDB data", prepare, Counted::encode, |b| {
+        Ok(Counted::decode(b)?)
+    })?
+    .weigh()
 }
-
-/// How long the other ranks of [`prepare_once`] wait for rank 0's data: long enough for a
-/// download of the archive (84 MB) on a slow link. A rank 0 that fails or panics ends the launch
-/// at once instead.
-pub const PREPARE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 
 /// What rank 0 of [`prepare_once`] sends: the fitted vectorizer and each split's term counts
 /// and labels.
@@ -267,85 +237,36 @@ fn count_prepared(path: &Path) -> Result<Counted, AppError> {
 }
 
 impl Counted {
-    /// Tensor names of one split's arrays in the buffer.
-    const ARRAYS: [&str; 4] = ["offsets", "columns", "counts", "labels"];
-
-    /// One safetensors buffer: per split `offsets` (U64), `columns` and `counts` (U32) and
-    /// `labels` (U8), the vectorizer as JSON in the header's metadata.
-    fn encode(&self) -> Result<Vec<u8>, AppError> {
-        use safetensors::{Dtype, tensor::TensorView};
-        let le = |v: &[u64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-        let le32 = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-        let mut arrays = Vec::new();
+    /// One [`shared_data`](crate::shared_data) buffer: per split `offsets` (U64), `columns` and
+    /// `counts` (U32) and `labels` (U8), the vectorizer as JSON in the metadata.
+    fn encode(&self) -> Result<Vec<u8>, DataError> {
+        let json = serde_json::to_string(&self.vectorizer).map_err(|e| shared(e.to_string()))?;
+        let mut w = Writer::new().metadata("vectorizer", json);
         for (split, (c, labels)) in [("train", &self.train), ("test", &self.test)] {
-            let [o, col, n, l] = Self::ARRAYS.map(|a| format!("{split}.{a}"));
-            arrays.push((o, Dtype::U64, c.offsets.len(), le(&c.offsets)));
-            arrays.push((col, Dtype::U32, c.columns.len(), le32(&c.columns)));
-            arrays.push((n, Dtype::U32, c.counts.len(), le32(&c.counts)));
-            arrays.push((l, Dtype::U8, labels.len(), labels.clone()));
+            w = w
+                .u64s(&format!("{split}.offsets"), &c.offsets)
+                .u32s(&format!("{split}.columns"), &c.columns)
+                .u32s(&format!("{split}.counts"), &c.counts)
+                .u8s(&format!("{split}.labels"), labels);
         }
-        let bad = |e: String| AppError::Data(DataError::SharedPreparation { reason: e });
-        let views = arrays
-            .iter()
-            .map(|(name, dtype, len, bytes)| {
-                TensorView::new(*dtype, vec![*len], bytes)
-                    .map(|v| (name.as_str(), v))
-                    .map_err(|e| bad(e.to_string()))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let json = serde_json::to_string(&self.vectorizer).map_err(|e| bad(e.to_string()))?;
-        let meta = std::collections::HashMap::from([("vectorizer".to_owned(), json)]);
-        safetensors::serialize(views, Some(meta)).map_err(|e| bad(e.to_string()))
+        w.finish()
     }
 
     /// The inverse of [`encode`](Self::encode).
-    fn decode(bytes: &[u8]) -> Result<Self, AppError> {
-        let bad = |e: String| AppError::Data(DataError::SharedPreparation { reason: e });
-        let (_, header) =
-            safetensors::SafeTensors::read_metadata(bytes).map_err(|e| bad(e.to_string()))?;
-        let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
-        let json = header
-            .metadata()
-            .as_ref()
-            .and_then(|m| m.get("vectorizer"))
-            .ok_or_else(|| bad("no vectorizer in the buffer's metadata".into()))?;
+    fn decode(bytes: &[u8]) -> Result<Self, DataError> {
+        let r = Reader::parse(bytes)?;
         let vectorizer: TfIdfVectorizer =
-            serde_json::from_str(json).map_err(|e| bad(e.to_string()))?;
-        let array = |name: String, dtype: safetensors::Dtype| {
-            let t = st.tensor(&name).map_err(|e| bad(e.to_string()))?;
-            if t.dtype() != dtype {
-                return Err(bad(format!(
-                    "{name} is {:?}, expected {dtype:?}",
-                    t.dtype()
-                )));
-            }
-            Ok(t.data())
-        };
-        let split = |split: &str| -> Result<(SparseCounts, Vec<u8>), AppError> {
-            use safetensors::Dtype;
-            let [o, col, n, l] = Self::ARRAYS.map(|a| format!("{split}.{a}"));
-            let u64s = |b: &[u8]| -> Vec<u64> {
-                b.chunks_exact(8)
-                    .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-                    .collect()
+            serde_json::from_str(r.metadata("vectorizer")?).map_err(|e| shared(e.to_string()))?;
+        let split = |split: &str| -> Result<(SparseCounts, Vec<u8>), DataError> {
+            let offsets = r.u64s(&format!("{split}.offsets"))?;
+            let counts = SparseCounts {
+                rows: offsets.len().saturating_sub(1),
+                cols: vectorizer.vocab_size(),
+                offsets,
+                columns: r.u32s(&format!("{split}.columns"))?,
+                counts: r.u32s(&format!("{split}.counts"))?,
             };
-            let u32s = |b: &[u8]| -> Vec<u32> {
-                b.chunks_exact(4)
-                    .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-                    .collect()
-            };
-            let labels = array(l, Dtype::U8)?.to_vec();
-            let offsets = u64s(array(o, Dtype::U64)?);
-            Ok((
-                SparseCounts {
-                    rows: offsets.len().saturating_sub(1),
-                    cols: vectorizer.vocab_size(),
-                    offsets,
-                    columns: u32s(array(col, Dtype::U32)?),
-                    counts: u32s(array(n, Dtype::U32)?),
-                },
-                labels,
-            ))
+            Ok((counts, r.u8s(&format!("{split}.labels"))?))
         };
         let (train, test) = (split("train")?, split("test")?);
         Ok(Counted {
@@ -359,9 +280,8 @@ impl Counted {
     fn weigh(self) -> Result<Prepared, AppError> {
         let set = |(counts, labels): (SparseCounts, Vec<u8>)| -> Result<VectorizedSet, AppError> {
             if labels.len() != counts.rows {
-                return Err(AppError::Data(DataError::SharedPreparation {
-                    reason: format!("{} labels for {} rows", labels.len(), counts.rows),
-                }));
+                let reason = format!("{} labels for {} rows", labels.len(), counts.rows);
+                return Err(shared(reason).into());
             }
             let m = self.vectorizer.weigh(&counts)?;
             Ok(VectorizedSet {
@@ -1315,20 +1235,14 @@ mod tests {
     #[test]
     fn a_malformed_shared_preparation_buffer_is_a_typed_error() {
         let bytes = counted().encode().unwrap();
-        let shared_err = |r: Result<Counted, AppError>| {
-            matches!(r, Err(AppError::Data(DataError::SharedPreparation { .. })))
-        };
+        let shared_err =
+            |r: Result<Counted, DataError>| matches!(r, Err(DataError::SharedPreparation { .. }));
         assert!(shared_err(Counted::decode(&bytes[..bytes.len() / 2])));
         assert!(shared_err(Counted::decode(b"not a buffer")));
         // A buffer without the vectorizer.
         let mut c = counted();
-        let no_meta = {
-            let offsets = c.train.0.offsets.iter().flat_map(|x| x.to_le_bytes());
-            let b: Vec<u8> = offsets.collect();
-            let shape = vec![c.train.0.offsets.len()];
-            let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U64, shape, &b);
-            safetensors::serialize([("train.offsets", view.unwrap())], None).unwrap()
-        };
+        let no_meta = Writer::new().u64s("train.offsets", &c.train.0.offsets);
+        let no_meta = no_meta.finish().unwrap();
         assert!(shared_err(Counted::decode(&no_meta)));
         // Labels that do not match the rows.
         c.test.1.pop();

@@ -29,6 +29,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
+use burn_dtensor::spmd::World;
 use burn_dtensor::{
     CommEvent, CommLog, DistributedBackend, DistributedDevice, Layout, LayoutMap, Mesh, UNSHARDED,
     record_comms, settle_gradients,
@@ -36,10 +37,11 @@ use burn_dtensor::{
 use serde::{Deserialize, Serialize};
 
 use crate::batch::{DropPolicy, batches, epoch_order};
-use crate::data::imdb;
 use crate::data::sequence::{SequenceVectorizer, Truncation};
+use crate::data::{DataError, imdb};
 use crate::model::{correct, param_values, with_param_values};
 use crate::say;
+use crate::shared_data::{Reader, Writer, once_per_launch, shared};
 use crate::train::AppError;
 use crate::transformer::{TextTransformer, TextTransformerConfig};
 
@@ -269,6 +271,94 @@ impl TextData {
             seq_len,
             truncation,
         )
+    }
+
+    /// [`prepare_with`](Self::prepare_with) once per SPMD launch, for every rank: rank 0
+    /// resolves the source (`data`, as [`imdb::resolve_source`]; `on_source` is called with the
+    /// path it found), loads the reviews, fits the vectorizer and vectorises both splits; it
+    /// sends every other rank the vectorizer and the token ids (`[n, seq_len]` u32 per split,
+    /// 40 MB for aclImdb at 200 tokens) as one [`shared_data`](crate::shared_data) buffer. Equal
+    /// on every rank to what [`prepare_with`](Self::prepare_with) gives, with one rank's work
+    /// instead of every rank's (8 ranks on 2 cores: 10.9 s each; NOTES.md, session 74). The
+    /// other ranks never open the archive. In a world of one this is `prepare_with`.
+    ///
+    /// A collective: every rank calls it at the same point, and waits for rank 0 up to
+    /// [`PREPARE_TIMEOUT`](crate::shared_data::PREPARE_TIMEOUT).
+    ///
+    /// # Errors
+    /// On rank 0 its data errors; on the other ranks [`AppError::Data`] saying that rank 0 could
+    /// not prepare the data (rank 0's own message says why), or that its buffer was malformed.
+    pub fn prepare_once(
+        world: &World,
+        data: Option<&Path>,
+        on_source: impl FnOnce(&Path),
+        max_tokens: usize,
+        seq_len: usize,
+        truncation: Truncation,
+    ) -> Result<Self, AppError> {
+        let prepare = || {
+            let path = imdb::resolve_source(data)?;
+            on_source(&path);
+            Self::prepare_with(&path, max_tokens, seq_len, truncation)
+        };
+        let decode = |b: &[u8]| Ok(Self::decode(b)?);
+        once_per_launch(
+            world,
+            "prepared IMDB token ids",
+            prepare,
+            Self::encode,
+            decode,
+        )
+    }
+
+    /// One [`shared_data`](crate::shared_data) buffer: per split `ids` (U32, row-major
+    /// `[n, seq_len]`) and `labels` (U8), the vectorizer as JSON in the metadata.
+    fn encode(&self) -> Result<Vec<u8>, DataError> {
+        let json = serde_json::to_string(&self.vectorizer).map_err(|e| shared(e.to_string()))?;
+        let mut w = Writer::new().metadata("vectorizer", json);
+        for (split, set) in [("train", &self.train), ("test", &self.test)] {
+            w = w
+                .u32s(&format!("{split}.ids"), &set.ids)
+                .u8s(&format!("{split}.labels"), &set.labels);
+        }
+        w.finish()
+    }
+
+    /// The inverse of [`encode`](Self::encode), checking that each split has `seq_len` ids per
+    /// label and only ids of the vocabulary (an id past it would fail in the embedding).
+    fn decode(bytes: &[u8]) -> Result<Self, DataError> {
+        let r = Reader::parse(bytes)?;
+        let vectorizer: SequenceVectorizer =
+            serde_json::from_str(r.metadata("vectorizer")?).map_err(|e| shared(e.to_string()))?;
+        let (seq_len, vocab) = (vectorizer.sequence_length(), vectorizer.vocab_size());
+        let split = |split: &str| -> Result<SequenceSet, DataError> {
+            let (ids, labels) = (
+                r.u32s(&format!("{split}.ids"))?,
+                r.u8s(&format!("{split}.labels"))?,
+            );
+            if ids.len() != labels.len() * seq_len {
+                return Err(shared(format!(
+                    "{split}: {} ids for {} labels of {seq_len} tokens",
+                    ids.len(),
+                    labels.len()
+                )));
+            }
+            if let Some(id) = ids.iter().find(|&&id| id as usize >= vocab) {
+                return Err(shared(format!(
+                    "{split}: token id {id} outside the vocabulary of {vocab}"
+                )));
+            }
+            Ok(SequenceSet {
+                ids,
+                seq_len,
+                labels,
+            })
+        };
+        Ok(Self {
+            train: split("train")?,
+            test: split("test")?,
+            vectorizer,
+        })
     }
 
     /// Fits the vectorizer on the `train` texts and vectorises both splits (`(text, label)`
@@ -586,4 +676,52 @@ fn evaluate<B: AutodiffBackend>(
         right += correct(model.forward(x), y);
     }
     Ok(right as f64 / n.max(1) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn texts() -> TextData {
+        let train = [
+            ("the cat sat", 0),
+            ("a dog ran far away", 1),
+            ("the end", 0),
+        ];
+        let test = [("dog and cat", 1), ("unknown words only here", 0)];
+        TextData::from_texts_with(&train, &test, 6, 3, Truncation::Pre).unwrap()
+    }
+
+    #[test]
+    fn the_shared_token_ids_round_trip() {
+        let sent = texts();
+        let got = TextData::decode(&sent.encode().unwrap()).unwrap();
+        assert_eq!(got.vectorizer, sent.vectorizer);
+        assert_eq!(got.vectorizer.truncation(), Truncation::Pre);
+        for (g, s) in [(&got.train, &sent.train), (&got.test, &sent.test)] {
+            assert_eq!((&g.ids, &g.labels, g.seq_len), (&s.ids, &s.labels, 3));
+        }
+        // The ids are the vectorizer's own transform of the texts.
+        let want = sent
+            .vectorizer
+            .transform(&["dog and cat", "unknown words only here"]);
+        assert_eq!(got.test.ids, want.ids());
+    }
+
+    #[test]
+    fn shared_token_ids_that_do_not_fit_are_typed_errors() {
+        let shared_err = |t: &TextData| {
+            let r = TextData::decode(&t.encode().unwrap());
+            matches!(r, Err(DataError::SharedPreparation { reason }) if reason.contains("train"))
+        };
+        let mut t = texts();
+        t.train.ids.pop();
+        assert!(shared_err(&t), "ids not a multiple of the sequence length");
+        let mut t = texts();
+        t.train.labels.push(1);
+        assert!(shared_err(&t), "a label without its ids");
+        let mut t = texts();
+        t.train.ids[4] = t.vectorizer.vocab_size() as u32;
+        assert!(shared_err(&t), "an id outside the vocabulary");
+    }
 }

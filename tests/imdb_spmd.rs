@@ -232,6 +232,47 @@ fn rank_0s_preparation_may_outlast_the_collective_timeout() {
     run_ok(c, "mpirun -n 2 imdb_mlp with a 2 s collective timeout");
 }
 
+/// The transformer's token ids prepared once per launch
+/// (`transformer_train::TextData::prepare_once`): under `mpirun -n 2` rank 1 receives rank 0's
+/// vectorizer and ids, and they equal its own `TextData::prepare_with` of the archive (ids,
+/// labels and the vectorizer, its truncation included).
+#[test]
+fn transformer_token_ids_prepared_once_per_launch() {
+    let Some(archive) = common::archive() else {
+        return;
+    };
+    if !mpi_ready() {
+        return;
+    }
+    let mut c = mpirun(2);
+    c.arg(std::env::current_exe().unwrap())
+        .args(["token_ids_worker", "--exact", "--ignored", "--nocapture"])
+        .env("IMDB_DATA", &archive);
+    let text = run_ok(c, "mpirun -n 2 token_ids_worker");
+    assert!(text.contains("rank 1: the shared token ids"), "{text}");
+}
+
+/// Run by `transformer_token_ids_prepared_once_per_launch` under `mpirun`.
+#[test]
+#[ignore = "worker: launched under mpirun by transformer_token_ids_prepared_once_per_launch"]
+fn token_ids_worker() {
+    use dtensor_imdb::data::sequence::Truncation;
+    use dtensor_imdb::transformer_train::TextData;
+    let world = burn_dtensor::spmd::init().unwrap();
+    let archive = common::archive().expect("IMDB_DATA set by the parent");
+    let (tokens, len, cut) = (20000, 200, Truncation::Pre);
+    let got = TextData::prepare_once(world, Some(&archive), |_| (), tokens, len, cut).unwrap();
+    if world.rank() != 0 {
+        let want = TextData::prepare_with(&archive, tokens, len, cut).unwrap();
+        assert_eq!(got.vectorizer, want.vectorizer);
+        for (g, w) in [(&got.train, &want.train), (&got.test, &want.test)] {
+            assert_eq!((g.seq_len, g.labels.len()), (len, 25000));
+            assert!(g.ids == w.ids && g.labels == w.labels);
+        }
+        println!("rank {}: the shared token ids equal its own", world.rank());
+    }
+}
+
 type F64 = NdArray<f64>;
 
 fn cfg() -> TrainConfig {
