@@ -5,7 +5,8 @@
 //! ([`learner`]). The binaries are `examples/imdb_mlp.rs`, `examples/imdb_learner.rs` and
 //! `examples/imdb_predict.rs`. Beyond the tutorial: the Keras transformer text classifier
 //! ([`transformer`], on [`data::sequence`]'s token ids), trained in five parallel modes by
-//! [`transformer_train`] (`examples/imdb_transformer.rs`).
+//! [`transformer_train`] (`examples/imdb_transformer.rs`). Under `mpirun`, rank 0 alone prepares
+//! the data and broadcasts it ([`shared_data`]).
 
 #![warn(missing_docs)]
 

@@ -202,7 +202,7 @@ fn a_missing_archive_ends_the_launch_with_rank_0s_error() {
     assert!(!text.contains("did not complete within"), "{text}");
 }
 
-/// The other ranks wait for rank 0's preparation up to `train::PREPARE_TIMEOUT`, not the
+/// The other ranks wait for rank 0's preparation up to `shared_data::PREPARE_TIMEOUT`, not the
 /// collective timeout: with a 2 s collective timeout the launch still trains. The whole
 /// preparation took 1.1-2.3 s in one process alone here, more beside the other tests; before,
 /// with a 1 s timeout, rank 1 gave up with "prepared IMDB data did not complete within 1.0 s".

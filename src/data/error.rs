@@ -207,8 +207,9 @@ pub enum DataError {
         documents: usize,
     },
 
-    /// A multi-process launch's shared preparation ([`crate::train::prepare_once`]) failed on
-    /// the receiving side.
+    /// A multi-process launch's shared preparation ([`crate::shared_data::once_per_launch`]:
+    /// `train::prepare_once`, `TextData::prepare_once`) failed on the receiving side: rank 0
+    /// failed, or its buffer did not decode (truncated, foreign, or data that does not fit).
     #[error(
         "the IMDB data prepared by rank 0 could not be used: {reason}; fix: see rank 0's error, \
          or run every rank from the same build"
