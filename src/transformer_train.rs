@@ -336,7 +336,7 @@ impl TextData {
                 r.u32s(&format!("{split}.ids"))?,
                 r.u8s(&format!("{split}.labels"))?,
             );
-            if ids.len() != labels.len() * seq_len {
+            if labels.len().checked_mul(seq_len) != Some(ids.len()) {
                 return Err(shared(format!(
                     "{split}: {} ids for {} labels of {seq_len} tokens",
                     ids.len(),
