@@ -30,6 +30,8 @@
 //! `BURN_DTENSOR_REQUIRE_MPI=1` (CI sets it) makes a missing MPI a failure.
 
 mod common;
+#[path = "common/mpi.rs"]
+mod mpi;
 #[path = "common/transformer.rs"]
 mod transformer;
 
@@ -40,20 +42,6 @@ use burn::backend::ndarray::NdArray;
 use burn::module::{AutodiffModule, Module};
 use burn_dtensor::{DTensorExt, LayoutMap};
 use dtensor_imdb::train::{self, Distributed, Mode, Quiet, TrainConfig};
-
-fn mpi_ready() -> bool {
-    let require = std::env::var("BURN_DTENSOR_REQUIRE_MPI").is_ok_and(|v| v == "1");
-    let why = if !cfg!(feature = "mpi") {
-        "built without the `mpi` feature"
-    } else if Command::new("mpirun").arg("--version").output().is_err() {
-        "no `mpirun` (apt-get install openmpi-bin libopenmpi-dev)"
-    } else {
-        return true;
-    };
-    assert!(!require, "{why} (BURN_DTENSOR_REQUIRE_MPI=1)");
-    println!("skipped: {why}");
-    false
-}
 
 fn mpirun(np: usize) -> Command {
     let mut c = Command::new("timeout");
@@ -101,12 +89,9 @@ fn max_rel(a: &[f32], b: &[f32]) -> f64 {
 /// `mpirun -n N imdb_mlp --mode M` (no other flag change) against `imdb_mlp --mode M`.
 #[test]
 fn example_as_2_4_8_processes_matches_one_process_f32() {
-    let Some(data) = common::archive() else {
+    let Some(data) = mpi::archive_and_mpi() else {
         return;
     };
-    if !mpi_ready() {
-        return;
-    }
     let bin = example();
     let dir = std::env::temp_dir().join(format!("imdb-spmd-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -184,7 +169,7 @@ fn example_as_2_4_8_processes_matches_one_process_f32() {
 /// that it failed instead of waiting out the collective timeout.
 #[test]
 fn a_missing_archive_ends_the_launch_with_rank_0s_error() {
-    if !mpi_ready() {
+    if !mpi::mpi_ready() {
         return;
     }
     let missing = std::env::temp_dir().join(format!("no-imdb-{}.tar.gz", std::process::id()));
@@ -209,12 +194,9 @@ fn a_missing_archive_ends_the_launch_with_rank_0s_error() {
 /// No evaluation: the steps' collectives wait only for the peer's step.
 #[test]
 fn rank_0s_preparation_may_outlast_the_collective_timeout() {
-    let Some(data) = common::archive() else {
+    let Some(data) = mpi::archive_and_mpi() else {
         return;
     };
-    if !mpi_ready() {
-        return;
-    }
     let mut c = mpirun(2);
     c.arg(example())
         .args([
@@ -238,12 +220,9 @@ fn rank_0s_preparation_may_outlast_the_collective_timeout() {
 /// labels and the vectorizer, its truncation included).
 #[test]
 fn transformer_token_ids_prepared_once_per_launch() {
-    let Some(archive) = common::archive() else {
+    let Some(archive) = mpi::archive_and_mpi() else {
         return;
     };
-    if !mpi_ready() {
-        return;
-    }
     let mut c = mpirun(2);
     c.arg(std::env::current_exe().unwrap())
         .args(["token_ids_worker", "--exact", "--ignored", "--nocapture"])
@@ -394,12 +373,9 @@ fn weight_diff(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
 
 #[test]
 fn f64_as_2_4_8_processes_matches_one_process() {
-    let Some(archive) = common::archive() else {
+    let Some(archive) = mpi::archive_and_mpi() else {
         return;
     };
-    if !mpi_ready() {
-        return;
-    }
     let data = train::prepare(&archive).unwrap();
     let exe = std::env::current_exe().unwrap();
     let dir = std::env::temp_dir().join(format!("imdb-spmd-f64-{}", std::process::id()));
@@ -468,12 +444,9 @@ fn f64_as_2_4_8_processes_matches_one_process() {
 /// of the unbroken run (the other modes' own rounding).
 #[test]
 fn checkpoint_from_4_processes_resumes_in_1_2_and_8() {
-    let Some(data) = common::archive() else {
+    let Some(data) = mpi::archive_and_mpi() else {
         return;
     };
-    if !mpi_ready() {
-        return;
-    }
     const STEPS: usize = 10;
     let bin = example();
     let dir = std::env::temp_dir().join(format!("imdb-spmd-ck-{}", std::process::id()));
@@ -620,7 +593,7 @@ fn transformer_worker() {
 /// with dropout against the one-process mesh (f32, bitwise) and 2 against 4 processes.
 #[test]
 fn transformer_as_2_and_4_processes_matches_one_process() {
-    if !mpi_ready() {
+    if !mpi::mpi_ready() {
         return;
     }
     let exe = std::env::current_exe().unwrap();

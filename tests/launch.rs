@@ -2,6 +2,8 @@
 //! run of `imdb_mlp` started by `examples/launch.rs` from a spec of one localhost node.
 
 mod common;
+#[path = "common/mpi.rs"]
+mod mpi;
 #[path = "common/slurm.rs"]
 mod slurm;
 
@@ -203,15 +205,9 @@ fn example(name: &str) -> PathBuf {
 /// `launch --spec local.toml -- imdb_mlp ...` runs two processes: rank 0's summary says so.
 #[test]
 fn launch_runs_imdb_mlp_on_a_localhost_spec() {
-    let Some(data) = common::archive() else {
+    let Some(data) = mpi::archive_and_mpi() else {
         return;
     };
-    let require = std::env::var("BURN_DTENSOR_REQUIRE_MPI").is_ok_and(|v| v == "1");
-    if !cfg!(feature = "mpi") || Command::new("mpirun").arg("--version").output().is_err() {
-        assert!(!require, "no MPI (BURN_DTENSOR_REQUIRE_MPI=1)");
-        println!("skipped: no mpirun or built without the `mpi` feature");
-        return;
-    }
     let (launch, imdb) = (example("launch"), example("imdb_mlp"));
     let dir = std::env::temp_dir().join(format!("launch-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -271,16 +267,6 @@ fn launch_runs_imdb_mlp_on_a_localhost_spec() {
     assert_eq!(s["world_size"], 2, "{s}");
     assert_eq!(s["train_losses"].as_array().unwrap().len(), 5);
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-fn mpi_ready() -> bool {
-    let require = std::env::var("BURN_DTENSOR_REQUIRE_MPI").is_ok_and(|v| v == "1");
-    if !cfg!(feature = "mpi") || Command::new("mpirun").arg("--version").output().is_err() {
-        assert!(!require, "no MPI (BURN_DTENSOR_REQUIRE_MPI=1)");
-        println!("skipped: no mpirun or built without the `mpi` feature");
-        return false;
-    }
-    true
 }
 
 /// `mpirun` over `-np 1 PROGRAM ARGS` blocks, one per rank (MPMD syntax), so that each rank can
@@ -357,12 +343,9 @@ fn imdb_flags(data: &std::path::Path, extra: &[&str]) -> Vec<String> {
 /// goes on to epoch 2.
 #[test]
 fn a_failed_write_on_one_rank_ends_the_job_at_once_naming_it() {
-    let Some(data) = common::archive() else {
+    let Some(data) = mpi::archive_and_mpi() else {
         return;
     };
-    if !mpi_ready() {
-        return;
-    }
     let imdb = example("imdb_mlp");
     let dir = std::env::temp_dir().join(format!("launch-fault-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -418,12 +401,9 @@ fn a_failed_write_on_one_rank_ends_the_job_at_once_naming_it() {
 /// reduction passed, then MPI_ERR_TRUNCATE; the training flags gave a truncated Debug string).
 #[test]
 fn processes_that_differ_are_told_which_setting() {
-    let Some(data) = common::archive() else {
+    let Some(data) = mpi::archive_and_mpi() else {
         return;
     };
-    if !mpi_ready() {
-        return;
-    }
     let imdb = example("imdb_mlp");
     let base = imdb_flags(&data, &["--epochs", "1"]);
     let with = |extra: &[&str]| -> Vec<String> {
@@ -583,7 +563,7 @@ fn a_launch_the_process_cannot_join_is_an_error() {
             "{vars:?} went on to train:\n{text}"
         );
     }
-    if !mpi_ready() {
+    if !mpi::mpi_ready() {
         return;
     }
     let (code, text, _) = run_timed(
@@ -701,7 +681,7 @@ fn write_spec(dir: &std::path::Path, text: &str) -> PathBuf {
 /// from the kernel: `Cpus_allowed_list` of each).
 #[test]
 fn cpus_per_process_binds_each_process_to_its_own_cores() {
-    if !mpi_ready() {
+    if !mpi::mpi_ready() {
         return;
     }
     if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
@@ -768,12 +748,9 @@ fn output_of(c: &mut Command) -> (bool, String) {
 /// losses bitwise; `srun` without PMIx is refused with the fix; Slurm's core binding holds.
 #[test]
 fn a_real_slurm_cluster_runs_imdb_mlp_as_the_one_process_run() {
-    let Some(data) = common::archive() else {
+    let Some(data) = mpi::archive_and_mpi() else {
         return;
     };
-    if !mpi_ready() {
-        return;
-    }
     let Some(cluster) = slurm::cluster() else {
         return;
     };
