@@ -26,7 +26,6 @@ fn main_with(cfg: TfConfig) -> Result<(), AppError> {
     let data = TextData::prepare_once(
         burn_dtensor::spmd::init()?,
         cfg.data.as_deref(),
-        |_| (),
         cfg.max_tokens,
         cfg.seq_len,
         cfg.truncate,

@@ -274,10 +274,10 @@ impl TextData {
     }
 
     /// [`prepare_with`](Self::prepare_with) once per SPMD launch, for every rank: rank 0
-    /// resolves the source (`data`, as [`imdb::resolve_source`]; `on_source` is called with the
-    /// path it found), loads the reviews, fits the vectorizer and vectorises both splits; it
-    /// sends every other rank the vectorizer and the token ids (`[n, seq_len]` u32 per split,
-    /// 40 MB for aclImdb at 200 tokens) as one [`shared_data`](crate::shared_data) buffer. Equal
+    /// resolves the source (`data`, as [`imdb::resolve_source`]), loads the reviews, fits the
+    /// vectorizer and vectorises both splits; it sends every other rank the vectorizer and the
+    /// token ids (`[n, seq_len]` u32 per split, 40 MB for aclImdb at 200 tokens) as one
+    /// [`shared_data`](crate::shared_data) buffer. Equal
     /// on every rank to what [`prepare_with`](Self::prepare_with) gives, with one rank's work
     /// instead of every rank's (8 ranks on 2 cores: 10.9 s each; NOTES.md, session 74). The
     /// other ranks never open the archive. In a world of one this is `prepare_with`.
@@ -291,14 +291,12 @@ impl TextData {
     pub fn prepare_once(
         world: &World,
         data: Option<&Path>,
-        on_source: impl FnOnce(&Path),
         max_tokens: usize,
         seq_len: usize,
         truncation: Truncation,
     ) -> Result<Self, AppError> {
         let prepare = || {
             let path = imdb::resolve_source(data)?;
-            on_source(&path);
             Self::prepare_with(&path, max_tokens, seq_len, truncation)
         };
         let decode = |b: &[u8]| Ok(Self::decode(b)?);

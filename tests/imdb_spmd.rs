@@ -240,7 +240,7 @@ fn token_ids_worker() {
     let world = burn_dtensor::spmd::init().unwrap();
     let archive = common::archive().expect("IMDB_DATA set by the parent");
     let (tokens, len, cut) = (20000, 200, Truncation::Pre);
-    let got = TextData::prepare_once(world, Some(&archive), |_| (), tokens, len, cut).unwrap();
+    let got = TextData::prepare_once(world, Some(&archive), tokens, len, cut).unwrap();
     if world.rank() != 0 {
         let want = TextData::prepare_with(&archive, tokens, len, cut).unwrap();
         assert_eq!(got.vectorizer, want.vectorizer);
