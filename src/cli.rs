@@ -487,11 +487,12 @@ pub fn run_args(args: Args) -> Result<(), AppError> {
         |path| crate::say!("loading {} ...", path.display()),
     )?;
     crate::say!(
-        "{} train / {} test reviews vectorised (TF-IDF, {} terms) in {:.1} s",
-        data.train.labels.len(),
-        data.test.labels.len(),
+        "{} train / {} test reviews vectorised (TF-IDF, {} terms) in {:.1} s, held as term counts in {:.0} MB",
+        data.train.len(),
+        data.test.len(),
         data.vectorizer.vocab_size(),
-        t.elapsed().as_secs_f64()
+        t.elapsed().as_secs_f64(),
+        (data.train.heap_bytes() + data.test.heap_bytes()) as f64 / 1e6
     );
     match args.run.backend {
         BackendKind::Ndarray => with_backend::<burn::backend::NdArray>(&args, &cfg, &data),

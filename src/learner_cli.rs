@@ -80,11 +80,12 @@ fn run<P: Placement + Send + Sync + 'static>(
     let t = std::time::Instant::now();
     let data = train::prepare(&path)?;
     println!(
-        "{} train / {} test reviews vectorised (TF-IDF, {} terms) in {:.1} s",
-        data.train.labels.len(),
-        data.test.labels.len(),
+        "{} train / {} test reviews vectorised (TF-IDF, {} terms) in {:.1} s, held as term counts in {:.0} MB",
+        data.train.len(),
+        data.test.len(),
         data.vectorizer.vocab_size(),
-        t.elapsed().as_secs_f64()
+        t.elapsed().as_secs_f64(),
+        (data.train.heap_bytes() + data.test.heap_bytes()) as f64 / 1e6
     );
     println!(
         "training with burn-train's Learner; artifacts in {}",

@@ -7,6 +7,7 @@
 //! thing that differs between them is the mesh and the layout map.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use burn::module::{AutodiffModule, Module};
@@ -168,13 +169,13 @@ pub struct Prepared {
 }
 
 /// Loads aclImdb from `path` (see [`imdb::resolve_source`]), fits the TF-IDF on the train texts
-/// and vectorises both splits (each review's term counts weighed by the idf:
-/// `TfIdfVectorizer::count_rows` then `weigh`, bitwise `TfIdfVectorizer::transform`).
+/// and counts each review's terms (`TfIdfVectorizer::count_rows`): the [`VectorizedSet`]s weigh
+/// a batch's rows by the idf when it is built, bitwise `TfIdfVectorizer::transform`'s rows.
 ///
 /// # Errors
 /// Data errors (missing or corrupt archive, ...).
 pub fn prepare(path: &Path) -> Result<Prepared, AppError> {
-    count_prepared(path)?.weigh()
+    count_prepared(path)?.into_prepared()
 }
 
 /// [`prepare`] once per SPMD launch, for every rank: rank 0 resolves the source (`data`, as
@@ -182,7 +183,7 @@ pub fn prepare(path: &Path) -> Result<Prepared, AppError> {
 /// fits the TF-IDF and counts each review's terms; it sends every other rank the fitted
 /// vectorizer and the sparse term counts ([`SparseCounts`], 38 MB against the dense features'
 /// 240 MB on aclImdb, as one [`shared_data`](crate::shared_data) buffer through
-/// [`once_per_launch`]), and every rank weighs them into its dense features: bitwise
+/// [`once_per_launch`]), and every rank holds them in its [`VectorizedSet`]s: bitwise
 /// what [`prepare`] gives, with one rank's work instead of every rank's (8 ranks on 2 cores
 /// spent 10-12 s each preparing the same data; NOTES.md, session 73). The other ranks never
 /// open the archive. In a world of one this is [`prepare`].
@@ -207,7 +208,7 @@ pub fn prepare_once(
     once_per_launch(world, "prepared IMDB data", prepare, Counted::encode, |b| {
         Ok(Counted::decode(b)?)
     })?
-    .weigh()
+    .into_prepared()
 }
 
 /// What rank 0 of [`prepare_once`] sends: the fitted vectorizer and each split's term counts
@@ -276,24 +277,20 @@ impl Counted {
         })
     }
 
-    /// Every split's dense features (`TfIdfVectorizer::weigh`).
-    fn weigh(self) -> Result<Prepared, AppError> {
+    /// Both splits as [`VectorizedSet`]s of these counts (weighed per batch).
+    fn into_prepared(self) -> Result<Prepared, AppError> {
+        let vectorizer = Arc::new(self.vectorizer);
         let set = |(counts, labels): (SparseCounts, Vec<u8>)| -> Result<VectorizedSet, AppError> {
             if labels.len() != counts.rows {
                 let reason = format!("{} labels for {} rows", labels.len(), counts.rows);
                 return Err(shared(reason).into());
             }
-            let m = self.vectorizer.weigh(&counts)?;
-            Ok(VectorizedSet {
-                features: m.values,
-                width: m.cols,
-                labels,
-            })
+            Ok(VectorizedSet::new(vectorizer.clone(), counts, labels)?)
         };
         Ok(Prepared {
             train: set(self.train)?,
             test: set(self.test)?,
-            vectorizer: self.vectorizer,
+            vectorizer: TfIdfVectorizer::clone(&vectorizer),
         })
     }
 }
@@ -888,7 +885,7 @@ fn train_with<P: Placement, X: ShardedOptimizer<<P::AD as AutodiffBackend>::Inne
         (model, optim) = loaded.load_into(p, model, optim, cfg.optimizer)?;
     }
     let t_run = Instant::now();
-    let n = data.train.labels.len();
+    let n = data.train.len();
     let mut losses = Vec::new();
     let mut accuracies = Vec::new();
     let mut step_ms = Vec::new();
@@ -1100,14 +1097,14 @@ pub fn evaluate<P: Placement>(
     set: &VectorizedSet,
 ) -> Result<f64, AppError> {
     let m = model.valid();
-    let idx: Vec<usize> = (0..set.labels.len()).collect();
+    let idx: Vec<usize> = (0..set.len()).collect();
     let mut ok = 0;
     for chunk in idx.chunks(2048) {
         let (x, y) = set.batch(chunk);
         let (x, y) = p.valid_batch(x, y)?;
         ok += correct(m.forward(x), y);
     }
-    Ok(ok as f64 / set.labels.len().max(1) as f64)
+    Ok(ok as f64 / set.len().max(1) as f64)
 }
 
 /// Writes the trained weights for plain single-device inference (no layouts: records gather
@@ -1200,6 +1197,7 @@ pub fn classify<B: Backend>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn::data::dataset::Dataset;
 
     /// A [`Counted`] of a few reviews (a vocabulary of 5), as rank 0 would send it.
     fn counted() -> Counted {
@@ -1221,15 +1219,35 @@ mod tests {
         assert_eq!(got.vectorizer, sent.vectorizer);
         assert_eq!(got.train, sent.train);
         assert_eq!(got.test, sent.test);
-        // The receiving rank's features are the vectorizer's dense transform, bitwise.
-        let prepared = got.weigh().unwrap();
-        let dense = sent
-            .vectorizer
-            .transform(&["dog dog", "unknown words", "the cat"]);
+        // The receiving rank's batches are the vectorizer's dense transform, bitwise, in any
+        // order of rows.
+        let prepared = got.into_prepared().unwrap();
+        let test = ["dog dog", "unknown words", "the cat"];
+        let dense = sent.vectorizer.transform(&test);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&prepared.test.features), bits(&dense.values));
-        assert_eq!(prepared.test.width, 5);
-        assert_eq!(prepared.train.labels, vec![0, 1, 1, 0]);
+        let (x, y) = prepared.test.batch(&[2, 0, 1, 2]);
+        assert_eq!(x.shape.to_vec(), vec![4, 5]);
+        let want: Vec<f32> = [2, 0, 1, 2]
+            .iter()
+            .flat_map(|&i| dense.row(i).unwrap().to_vec())
+            .collect();
+        assert_eq!(bits(x.as_slice::<f32>().unwrap()), bits(&want));
+        assert_eq!(y.as_slice::<i64>().unwrap(), &[1, 1, 0, 1]);
+        // "dog dog" has a non-zero entry, so the check above is not all zeros.
+        assert!(want.iter().any(|&v| v > 0.0));
+        assert_eq!(prepared.test.width(), 5);
+        assert_eq!(prepared.train.labels(), &[0, 1, 1, 0]);
+        // One example through `burn::data`'s `Dataset`, and a slice of the set.
+        let example = Dataset::get(&prepared.test, 1).unwrap();
+        assert_eq!(bits(&example.features), bits(dense.row(1).unwrap()));
+        assert!(Dataset::get(&prepared.test, 3).is_none());
+        let tail = prepared.test.slice(1..3);
+        assert_eq!((tail.len(), tail.labels()), (2, &[0u8, 1][..]));
+        let (x, _) = tail.batch(&[1]);
+        assert_eq!(
+            bits(x.as_slice::<f32>().unwrap()),
+            bits(dense.row(2).unwrap())
+        );
     }
 
     #[test]
@@ -1247,7 +1265,7 @@ mod tests {
         // Labels that do not match the rows.
         c.test.1.pop();
         assert!(matches!(
-            c.weigh(),
+            c.into_prepared(),
             Err(AppError::Data(DataError::SharedPreparation { .. }))
         ));
     }

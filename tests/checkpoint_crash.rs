@@ -56,19 +56,14 @@ fn data() -> Prepared {
         texts.push(words.join(" "));
         labels.push(label);
     }
-    let v = TfIdfVectorizer::fit(&texts, INPUT_DIM).unwrap();
+    let v = std::sync::Arc::new(TfIdfVectorizer::fit(&texts, INPUT_DIM).unwrap());
     let set = |r: std::ops::Range<usize>| {
-        let m = v.transform(&texts[r.clone()]);
-        VectorizedSet {
-            features: m.values,
-            width: m.cols,
-            labels: labels[r].to_vec(),
-        }
+        VectorizedSet::from_texts(v.clone(), &texts[r.clone()], labels[r].to_vec()).unwrap()
     };
     Prepared {
         train: set(0..96),
         test: set(96..128),
-        vectorizer: v,
+        vectorizer: TfIdfVectorizer::clone(&v),
     }
 }
 

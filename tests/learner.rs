@@ -27,13 +27,7 @@ fn data() -> Option<&'static Data> {
     D.get_or_init(|| {
         common::archive().map(|p| {
             let prepared = train::prepare(&p).expect("preparing the real data");
-            let rows = 1024;
-            let test = &prepared.test;
-            let valid = VectorizedSet {
-                features: test.features[..rows * test.width].to_vec(),
-                width: test.width,
-                labels: test.labels[..rows].to_vec(),
-            };
+            let valid = prepared.test.slice(0..1024);
             Data {
                 train: Arc::new(prepared.train.clone()),
                 valid: Arc::new(valid),

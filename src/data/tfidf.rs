@@ -256,6 +256,76 @@ pub struct SparseCounts {
     pub counts: Vec<u32>,
 }
 
+impl SparseCounts {
+    /// Checks that these counts fit a vectorizer of `cols` features ([`TfIdfVectorizer::vocab_size`]):
+    /// that width, `rows + 1` increasing offsets from 0 to the number of entries, one count per
+    /// column, every column `< cols`.
+    ///
+    /// # Errors
+    /// [`DataError::InvalidCounts`] saying which of these fails.
+    pub fn check(&self, cols: usize) -> Result<(), DataError> {
+        let bad = |reason: String| Err(DataError::InvalidCounts { reason });
+        if self.cols != cols {
+            return bad(format!("{} columns, the vectorizer has {cols}", self.cols));
+        }
+        let nnz = self.columns.len();
+        if self.counts.len() != nnz
+            || self.offsets.len() != self.rows + 1
+            || self.offsets.first() != Some(&0)
+            || self.offsets.last() != Some(&(nnz as u64))
+            || self.offsets.windows(2).any(|w| w[0] > w[1])
+        {
+            return bad(format!(
+                "{} rows with {} offsets for {nnz} columns and {} counts: expected rows + 1 \
+                 increasing offsets from 0 to the number of entries",
+                self.rows,
+                self.offsets.len(),
+                self.counts.len()
+            ));
+        }
+        if let Some(c) = self.columns.iter().find(|&&c| c as usize >= cols) {
+            return bad(format!("column {c} is out of range (width {cols})"));
+        }
+        Ok(())
+    }
+
+    /// Document `i`'s entries: its columns and their counts (equal lengths).
+    ///
+    /// # Panics
+    /// When `i >= rows` or the offsets do not fit the entries (counts that failed
+    /// [`check`](Self::check)).
+    pub fn row(&self, i: usize) -> (&[u32], &[u32]) {
+        let (a, b) = (self.offsets[i] as usize, self.offsets[i + 1] as usize);
+        (&self.columns[a..b], &self.counts[a..b])
+    }
+
+    /// The documents `range` as counts of their own (offsets from 0).
+    ///
+    /// # Panics
+    /// When `range` reaches past `rows`.
+    pub fn slice(&self, range: std::ops::Range<usize>) -> SparseCounts {
+        let (a, b) = (
+            self.offsets[range.start] as usize,
+            self.offsets[range.end] as usize,
+        );
+        SparseCounts {
+            rows: range.len(),
+            cols: self.cols,
+            offsets: self.offsets[range.start..=range.end]
+                .iter()
+                .map(|&o| o - a as u64)
+                .collect(),
+            columns: self.columns[a..b].to_vec(),
+            counts: self.counts[a..b].to_vec(),
+        }
+    }
+
+    /// The heap bytes these counts hold (offsets, columns and counts).
+    pub fn heap_bytes(&self) -> usize {
+        self.offsets.len() * 8 + (self.columns.len() + self.counts.len()) * 4
+    }
+}
+
 /// A fitted TF-IDF vectorizer (Keras `TextVectorization(output_mode="tf_idf")` semantics; see
 /// the [module documentation](self) for the exact specification).
 ///
@@ -523,47 +593,31 @@ impl TfIdfVectorizer {
     /// [`DataError::InvalidCounts`] when `counts` do not fit this vectorizer (another width,
     /// offsets out of order or past the entries, a column out of range).
     pub fn weigh(&self, counts: &SparseCounts) -> Result<TfIdfMatrix, DataError> {
-        let bad = |reason: String| Err(DataError::InvalidCounts { reason });
         let cols = self.vocab_size();
-        if counts.cols != cols {
-            return bad(format!(
-                "{} columns, the vectorizer has {cols}",
-                counts.cols
-            ));
-        }
-        let nnz = counts.columns.len();
-        if counts.counts.len() != nnz
-            || counts.offsets.len() != counts.rows + 1
-            || counts.offsets.first() != Some(&0)
-            || counts.offsets.last() != Some(&(nnz as u64))
-            || counts.offsets.windows(2).any(|w| w[0] > w[1])
-        {
-            return bad(format!(
-                "{} rows with {} offsets for {nnz} columns and {} counts: expected rows + 1 \
-                 increasing offsets from 0 to the number of entries",
-                counts.rows,
-                counts.offsets.len(),
-                counts.counts.len()
-            ));
-        }
-        if let Some(c) = counts.columns.iter().find(|&&c| c as usize >= cols) {
-            return bad(format!("column {c} is out of range (width {cols})"));
-        }
+        counts.check(cols)?;
         let mut values = vec![0.0f32; counts.rows * cols];
         values
             .par_chunks_mut(cols)
-            .zip(counts.offsets.par_windows(2))
-            .for_each(|(row, w)| {
-                let (a, b) = (w[0] as usize, w[1] as usize);
-                for (&col, &count) in counts.columns[a..b].iter().zip(&counts.counts[a..b]) {
-                    row[col as usize] = count as f32 * self.idf[col as usize];
-                }
-            });
+            .enumerate()
+            .for_each(|(i, row)| self.weigh_row(counts.row(i), row));
         Ok(TfIdfMatrix {
             rows: counts.rows,
             cols,
             values,
         })
+    }
+
+    /// Writes one document's TF-IDF values (`count as f32 * idf`, as
+    /// [`transform`](Self::transform) computes them) at its entries' columns of `row`; the other
+    /// values of `row` are left as they are, so a zeroed row becomes the document's dense row.
+    ///
+    /// # Panics
+    /// When a column is `>= row.len()` or past the vocabulary: the entries must come from
+    /// [`SparseCounts::row`] of counts that passed [`SparseCounts::check`] for this vectorizer.
+    pub(crate) fn weigh_row(&self, (columns, counts): (&[u32], &[u32]), row: &mut [f32]) {
+        for (&col, &count) in columns.iter().zip(counts) {
+            row[col as usize] = count as f32 * self.idf[col as usize];
+        }
     }
 
     /// The vocabulary: index 0 is `"[UNK]"`, then terms by decreasing total count.
