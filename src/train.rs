@@ -267,7 +267,12 @@ impl Counted {
                 columns: r.u32s(&format!("{split}.columns"))?,
                 counts: r.u32s(&format!("{split}.counts"))?,
             };
-            Ok((counts, r.u8s(&format!("{split}.labels"))?))
+            let labels = r.u8s(&format!("{split}.labels"))?;
+            if labels.len() != counts.rows {
+                let reason = format!("{split}: {} labels for {} rows", labels.len(), counts.rows);
+                return Err(shared(reason));
+            }
+            Ok((counts, labels))
         };
         let (train, test) = (split("train")?, split("test")?);
         Ok(Counted {
@@ -280,12 +285,8 @@ impl Counted {
     /// Both splits as [`VectorizedSet`]s of these counts (weighed per batch).
     fn into_prepared(self) -> Result<Prepared, AppError> {
         let vectorizer = Arc::new(self.vectorizer);
-        let set = |(counts, labels): (SparseCounts, Vec<u8>)| -> Result<VectorizedSet, AppError> {
-            if labels.len() != counts.rows {
-                let reason = format!("{} labels for {} rows", labels.len(), counts.rows);
-                return Err(shared(reason).into());
-            }
-            Ok(VectorizedSet::new(vectorizer.clone(), counts, labels)?)
+        let set = |(counts, labels): (SparseCounts, Vec<u8>)| {
+            VectorizedSet::new(vectorizer.clone(), counts, labels)
         };
         Ok(Prepared {
             train: set(self.train)?,
@@ -1262,11 +1263,13 @@ mod tests {
         let no_meta = Writer::new().u64s("train.offsets", &c.train.0.offsets);
         let no_meta = no_meta.finish().unwrap();
         assert!(shared_err(Counted::decode(&no_meta)));
-        // Labels that do not match the rows.
+        // Labels that do not match the rows: a malformed buffer, and a typed error on a
+        // `Counted` made in place too.
         c.test.1.pop();
+        assert!(shared_err(Counted::decode(&c.encode().unwrap())));
         assert!(matches!(
             c.into_prepared(),
-            Err(AppError::Data(DataError::SharedPreparation { .. }))
+            Err(AppError::Data(DataError::InvalidCounts { .. }))
         ));
     }
 }
