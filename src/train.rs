@@ -182,7 +182,7 @@ pub fn prepare(path: &Path) -> Result<Prepared, AppError> {
 /// [`imdb::resolve_source`]; `on_source` is called with the path it found), loads the reviews,
 /// fits the TF-IDF and counts each review's terms; it sends every other rank the fitted
 /// vectorizer and the sparse term counts ([`SparseCounts`], 38 MB against the dense features'
-/// 240 MB on aclImdb, as one [`shared_data`](crate::shared_data) buffer through
+/// 240 MB on aclImdb, as one [`shared_data`](crate::shared_data) file through
 /// [`once_per_launch`]), and every rank holds them in its [`VectorizedSet`]s: bitwise
 /// what [`prepare`] gives, with one rank's work instead of every rank's (8 ranks on 2 cores
 /// spent 10-12 s each preparing the same data; NOTES.md, session 73). The other ranks never
@@ -194,7 +194,7 @@ pub fn prepare(path: &Path) -> Result<Prepared, AppError> {
 ///
 /// # Errors
 /// On rank 0 its data errors; on the other ranks [`AppError::Data`] saying that rank 0 could
-/// not prepare the data (rank 0's own message says why), or that its buffer was malformed.
+/// not prepare the data (rank 0's own message says why), or that its file was malformed.
 pub fn prepare_once(
     world: &World,
     data: Option<&Path>,
@@ -205,8 +205,8 @@ pub fn prepare_once(
         on_source(&path);
         count_prepared(&path)
     };
-    once_per_launch(world, "prepared IMDB data", prepare, Counted::encode, |b| {
-        Ok(Counted::decode(b)?)
+    once_per_launch(world, "prepared IMDB data", prepare, Counted::encode, |r| {
+        Ok(Counted::decode(r)?)
     })?
     .into_prepared()
 }
@@ -238,36 +238,37 @@ fn count_prepared(path: &Path) -> Result<Counted, AppError> {
 }
 
 impl Counted {
-    /// One [`shared_data`](crate::shared_data) buffer: per split `offsets` (U64), `columns` and
-    /// `counts` (U32) and `labels` (U8), the vectorizer as JSON in the metadata.
-    fn encode(&self) -> Result<Vec<u8>, DataError> {
+    /// One [`shared_data`](crate::shared_data) file: per split `offsets` (U64), `columns` and
+    /// `counts` (U32) and `labels` (U8), the vectorizer as JSON in the metadata. The arrays are
+    /// sent from where they are.
+    fn encode(&mut self) -> Result<Writer<'_>, DataError> {
         let json = serde_json::to_string(&self.vectorizer).map_err(|e| shared(e.to_string()))?;
         let mut w = Writer::new().metadata("vectorizer", json);
-        for (split, (c, labels)) in [("train", &self.train), ("test", &self.test)] {
+        for (split, (c, labels)) in [("train", &mut self.train), ("test", &mut self.test)] {
             w = w
-                .u64s(&format!("{split}.offsets"), &c.offsets)
-                .u32s(&format!("{split}.columns"), &c.columns)
-                .u32s(&format!("{split}.counts"), &c.counts)
-                .u8s(&format!("{split}.labels"), labels);
+                .array(&format!("{split}.offsets"), &mut c.offsets)
+                .array(&format!("{split}.columns"), &mut c.columns)
+                .array(&format!("{split}.counts"), &mut c.counts)
+                .array(&format!("{split}.labels"), labels);
         }
-        w.finish()
+        Ok(w)
     }
 
-    /// The inverse of [`encode`](Self::encode).
-    fn decode(bytes: &[u8]) -> Result<Self, DataError> {
-        let r = Reader::parse(bytes)?;
+    /// The inverse of [`encode`](Self::encode): the received arrays become the counts, not
+    /// copied.
+    fn decode(mut r: Reader) -> Result<Self, DataError> {
         let vectorizer: TfIdfVectorizer =
             serde_json::from_str(r.metadata("vectorizer")?).map_err(|e| shared(e.to_string()))?;
-        let split = |split: &str| -> Result<(SparseCounts, Vec<u8>), DataError> {
-            let offsets = r.u64s(&format!("{split}.offsets"))?;
+        let mut split = |split: &str| -> Result<(SparseCounts, Vec<u8>), DataError> {
+            let offsets: Vec<u64> = r.take(&format!("{split}.offsets"))?;
             let counts = SparseCounts {
                 rows: offsets.len().saturating_sub(1),
                 cols: vectorizer.vocab_size(),
                 offsets,
-                columns: r.u32s(&format!("{split}.columns"))?,
-                counts: r.u32s(&format!("{split}.counts"))?,
+                columns: r.take(&format!("{split}.columns"))?,
+                counts: r.take(&format!("{split}.counts"))?,
             };
-            let labels = r.u8s(&format!("{split}.labels"))?;
+            let labels: Vec<u8> = r.take(&format!("{split}.labels"))?;
             if labels.len() != counts.rows {
                 let reason = format!("{split}: {} labels for {} rows", labels.len(), counts.rows);
                 return Err(shared(reason));
@@ -1198,6 +1199,7 @@ pub fn classify<B: Backend>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shared_data::loopback;
     use burn::data::dataset::Dataset;
 
     /// A [`Counted`] of a few reviews (a vocabulary of 5), as rank 0 would send it.
@@ -1214,9 +1216,8 @@ mod tests {
 
     #[test]
     fn the_shared_preparation_buffer_round_trips_to_the_dense_features() {
-        let sent = counted();
-        let bytes = sent.encode().unwrap();
-        let got = Counted::decode(&bytes).unwrap();
+        let mut sent = counted();
+        let got = Counted::decode(loopback(sent.encode().unwrap()).unwrap()).unwrap();
         assert_eq!(got.vectorizer, sent.vectorizer);
         assert_eq!(got.train, sent.train);
         assert_eq!(got.test, sent.test);
@@ -1253,20 +1254,18 @@ mod tests {
 
     #[test]
     fn a_malformed_shared_preparation_buffer_is_a_typed_error() {
-        let bytes = counted().encode().unwrap();
         let shared_err =
             |r: Result<Counted, DataError>| matches!(r, Err(DataError::SharedPreparation { .. }));
-        assert!(shared_err(Counted::decode(&bytes[..bytes.len() / 2])));
-        assert!(shared_err(Counted::decode(b"not a buffer")));
-        // A buffer without the vectorizer.
+        // A file without the vectorizer.
         let mut c = counted();
-        let no_meta = Writer::new().u64s("train.offsets", &c.train.0.offsets);
-        let no_meta = no_meta.finish().unwrap();
-        assert!(shared_err(Counted::decode(&no_meta)));
+        let no_meta = Writer::new().array("train.offsets", &mut c.train.0.offsets);
+        assert!(shared_err(Counted::decode(loopback(no_meta).unwrap())));
         // Labels that do not match the rows: a malformed buffer, and a typed error on a
         // `Counted` made in place too.
         c.test.1.pop();
-        assert!(shared_err(Counted::decode(&c.encode().unwrap())));
+        assert!(shared_err(Counted::decode(
+            loopback(c.encode().unwrap()).unwrap()
+        )));
         assert!(matches!(
             c.into_prepared(),
             Err(AppError::Data(DataError::InvalidCounts { .. }))

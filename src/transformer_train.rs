@@ -277,7 +277,7 @@ impl TextData {
     /// resolves the source (`data`, as [`imdb::resolve_source`]), loads the reviews, fits the
     /// vectorizer and vectorises both splits; it sends every other rank the vectorizer and the
     /// token ids (`[n, seq_len]` u32 per split, 40 MB for aclImdb at 200 tokens) as one
-    /// [`shared_data`](crate::shared_data) buffer. Equal
+    /// [`shared_data`](crate::shared_data) file, received straight into the ids' vectors. Equal
     /// on every rank to what [`prepare_with`](Self::prepare_with) gives, with one rank's work
     /// instead of every rank's (8 ranks on 2 cores: 10.9 s each; NOTES.md, session 74). The
     /// other ranks never open the archive. In a world of one this is `prepare_with`.
@@ -287,7 +287,7 @@ impl TextData {
     ///
     /// # Errors
     /// On rank 0 its data errors; on the other ranks [`AppError::Data`] saying that rank 0 could
-    /// not prepare the data (rank 0's own message says why), or that its buffer was malformed.
+    /// not prepare the data (rank 0's own message says why), or that its file was malformed.
     pub fn prepare_once(
         world: &World,
         data: Option<&Path>,
@@ -299,7 +299,7 @@ impl TextData {
             let path = imdb::resolve_source(data)?;
             Self::prepare_with(&path, max_tokens, seq_len, truncation)
         };
-        let decode = |b: &[u8]| Ok(Self::decode(b)?);
+        let decode = |r| Ok(Self::decode(r)?);
         once_per_launch(
             world,
             "prepared IMDB token ids",
@@ -309,30 +309,30 @@ impl TextData {
         )
     }
 
-    /// One [`shared_data`](crate::shared_data) buffer: per split `ids` (U32, row-major
-    /// `[n, seq_len]`) and `labels` (U8), the vectorizer as JSON in the metadata.
-    fn encode(&self) -> Result<Vec<u8>, DataError> {
+    /// One [`shared_data`](crate::shared_data) file: per split `ids` (U32, row-major
+    /// `[n, seq_len]`) and `labels` (U8), the vectorizer as JSON in the metadata. The arrays are
+    /// sent from where they are.
+    fn encode(&mut self) -> Result<Writer<'_>, DataError> {
         let json = serde_json::to_string(&self.vectorizer).map_err(|e| shared(e.to_string()))?;
         let mut w = Writer::new().metadata("vectorizer", json);
-        for (split, set) in [("train", &self.train), ("test", &self.test)] {
+        for (split, set) in [("train", &mut self.train), ("test", &mut self.test)] {
             w = w
-                .u32s(&format!("{split}.ids"), &set.ids)
-                .u8s(&format!("{split}.labels"), &set.labels);
+                .array(&format!("{split}.ids"), &mut set.ids)
+                .array(&format!("{split}.labels"), &mut set.labels);
         }
-        w.finish()
+        Ok(w)
     }
 
     /// The inverse of [`encode`](Self::encode), checking that each split has `seq_len` ids per
     /// label and only ids of the vocabulary (an id past it would fail in the embedding).
-    fn decode(bytes: &[u8]) -> Result<Self, DataError> {
-        let r = Reader::parse(bytes)?;
+    fn decode(mut r: Reader) -> Result<Self, DataError> {
         let vectorizer: SequenceVectorizer =
             serde_json::from_str(r.metadata("vectorizer")?).map_err(|e| shared(e.to_string()))?;
         let (seq_len, vocab) = (vectorizer.sequence_length(), vectorizer.vocab_size());
-        let split = |split: &str| -> Result<SequenceSet, DataError> {
-            let (ids, labels) = (
-                r.u32s(&format!("{split}.ids"))?,
-                r.u8s(&format!("{split}.labels"))?,
+        let mut split = |split: &str| -> Result<SequenceSet, DataError> {
+            let (ids, labels): (Vec<u32>, Vec<u8>) = (
+                r.take(&format!("{split}.ids"))?,
+                r.take(&format!("{split}.labels"))?,
             );
             if labels.len().checked_mul(seq_len) != Some(ids.len()) {
                 return Err(shared(format!(
@@ -679,6 +679,7 @@ fn evaluate<B: AutodiffBackend>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shared_data::loopback;
 
     fn texts() -> TextData {
         let train = [
@@ -692,8 +693,8 @@ mod tests {
 
     #[test]
     fn the_shared_token_ids_round_trip() {
-        let sent = texts();
-        let got = TextData::decode(&sent.encode().unwrap()).unwrap();
+        let mut sent = texts();
+        let got = TextData::decode(loopback(sent.encode().unwrap()).unwrap()).unwrap();
         assert_eq!(got.vectorizer, sent.vectorizer);
         assert_eq!(got.vectorizer.truncation(), Truncation::Pre);
         for (g, s) in [(&got.train, &sent.train), (&got.test, &sent.test)] {
@@ -708,18 +709,21 @@ mod tests {
 
     #[test]
     fn shared_token_ids_that_do_not_fit_are_typed_errors() {
-        let shared_err = |t: &TextData| {
-            let r = TextData::decode(&t.encode().unwrap());
+        let shared_err = |t: &mut TextData| {
+            let r = TextData::decode(loopback(t.encode().unwrap()).unwrap());
             matches!(r, Err(DataError::SharedPreparation { reason }) if reason.contains("train"))
         };
         let mut t = texts();
         t.train.ids.pop();
-        assert!(shared_err(&t), "ids not a multiple of the sequence length");
+        assert!(
+            shared_err(&mut t),
+            "ids not a multiple of the sequence length"
+        );
         let mut t = texts();
         t.train.labels.push(1);
-        assert!(shared_err(&t), "a label without its ids");
+        assert!(shared_err(&mut t), "a label without its ids");
         let mut t = texts();
         t.train.ids[4] = t.vectorizer.vocab_size() as u32;
-        assert!(shared_err(&t), "an id outside the vocabulary");
+        assert!(shared_err(&mut t), "an id outside the vocabulary");
     }
 }

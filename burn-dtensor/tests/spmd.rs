@@ -1215,7 +1215,8 @@ fn gradient_buckets_across_processes() {
 
 /// Processes asking for different meshes get a typed error naming the rank that differs;
 /// a mesh whose blocks are not boxes is refused with the fix; a bad cross-process engine choice
-/// is a typed error. Also `World::broadcast_bytes`, which the examples' data preparation uses.
+/// is a typed error. Also `World::broadcast_bytes` and `World::broadcast_into`, which the examples'
+/// data preparation uses.
 #[test]
 fn start_up_checks_across_processes() {
     let name = "start_up_checks_across_processes";
@@ -1370,6 +1371,29 @@ fn start_up_checks_across_processes() {
             assert_eq!(got.as_ptr(), at, "the root's bytes were copied");
         }
     }
+    // In place, into memory the caller allocated (the examples' typed arrays as bytes).
+    let sent: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 253) as u8).collect();
+    let mut buf = if w.rank() == 1 {
+        sent.clone()
+    } else {
+        vec![0; sent.len()]
+    };
+    w.broadcast_into(&mut buf, 1, "in-place broadcast check")
+        .unwrap();
+    assert_eq!(buf, sent, "rank {}: broadcast in place", w.rank());
+    // Lengths that differ: a typed error on every rank naming the other, nothing written.
+    let mut buf = vec![5u8; 3 + w.rank()];
+    let e = w
+        .broadcast_into(&mut buf, 0, "uneven broadcast")
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        matches!(e, burn_dtensor::DTensorError::ProcessMismatch { .. })
+            && msg.contains(&format!("rank {other}"))
+            && msg.contains("uneven broadcast"),
+        "{msg}"
+    );
+    assert_eq!(buf, vec![5u8; 3 + w.rank()]);
     done(name);
 }
 

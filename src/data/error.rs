@@ -209,7 +209,8 @@ pub enum DataError {
 
     /// A multi-process launch's shared preparation ([`crate::shared_data::once_per_launch`]:
     /// `train::prepare_once`, `TextData::prepare_once`) failed on the receiving side: rank 0
-    /// failed, or its buffer did not decode (truncated, foreign, or data that does not fit).
+    /// failed, or its file did not decode (a malformed header, an array missing or of another
+    /// type, or data that does not fit).
     #[error(
         "the IMDB data prepared by rank 0 could not be used: {reason}; fix: see rank 0's error, \
          or run every rank from the same build"

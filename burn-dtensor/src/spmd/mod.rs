@@ -247,25 +247,18 @@ impl World {
     /// `root`'s `bytes` on every process (any length): a collective that every process calls in
     /// the same order, each passing a vector of which only `root`'s is read (the others may pass
     /// an empty one). `root` gets its own vector back (not copied); every other process receives
-    /// one copy of it, in chunks of at most 1 GiB through the world group's gentle path (waits
-    /// polled against the collective timeout; a length, then the bytes). For one-off payloads:
-    /// the IMDB examples' prepared data, 38-40 MB from rank 0. In a world of one: `bytes`.
+    /// one copy of it (a length, then the bytes as [`broadcast_into`](Self::broadcast_into)
+    /// sends them). For one-off payloads whose length only `root` knows (the header of the
+    /// IMDB examples' prepared data). In a world of one: `bytes`.
     ///
     /// # Panics
     /// When `root` is not a rank of the world (`0..size()`): a caller's bug, the same on every
     /// process.
     pub fn broadcast_bytes(&self, bytes: Vec<u8>, root: usize, what: &str) -> Vec<u8> {
-        assert!(
-            root < self.size(),
-            "burn-dtensor: broadcast_bytes from rank {root} in a world of {}: give a rank below \
-             the world's size",
-            self.size()
-        );
+        self.check_root(root, "broadcast_bytes");
         let Some(g) = &self.group else {
             return bytes;
         };
-        // MPI counts are `int`s: a payload goes in chunks well below 2^31 bytes.
-        const CHUNK: usize = 1 << 30;
         let mut len = (bytes.len() as u64).to_le_bytes();
         g.broadcast(&mut len, root, what);
         let mut bytes = if self.rank() == root {
@@ -273,10 +266,46 @@ impl World {
         } else {
             vec![0; u64::from_le_bytes(len) as usize]
         };
-        for chunk in bytes.chunks_mut(CHUNK) {
-            g.broadcast(chunk, root, what);
-        }
+        broadcast_chunks(g.as_ref(), &mut bytes, root, what);
         bytes
+    }
+
+    /// Writes `root`'s `buf` into every other process's `buf`, in place: a collective that every
+    /// process calls in the same order with a buffer of the same length (`root`'s is only
+    /// read). For one-off payloads received straight into their final, typed memory (a
+    /// `Vec<u32>` seen as bytes), so that no process holds a second copy: the IMDB examples'
+    /// prepared arrays, 38-40 MB from rank 0. The bytes go in chunks of at most 1 GiB (MPI
+    /// counts are `int`s) through the world group's gentle path (waits polled against the
+    /// collective timeout), after one small exchange that checks the lengths. Free in a world of
+    /// one.
+    ///
+    /// # Errors
+    /// [`DTensorError::ProcessMismatch`] on every process when the lengths differ, naming the
+    /// first rank whose length differs from this process's; nothing is sent then.
+    ///
+    /// # Panics
+    /// When `root` is not a rank of the world (`0..size()`): a caller's bug, the same on every
+    /// process.
+    pub fn broadcast_into(&self, buf: &mut [u8], root: usize, what: &str) -> Result<()> {
+        self.check_root(root, "broadcast_into");
+        let Some(g) = &self.group else {
+            return Ok(());
+        };
+        self.agree(
+            &format!("length in bytes of the {what}"),
+            &buf.len().to_string(),
+        )?;
+        broadcast_chunks(g.as_ref(), buf, root, what);
+        Ok(())
+    }
+
+    fn check_root(&self, root: usize, call: &str) {
+        assert!(
+            root < self.size(),
+            "burn-dtensor: {call} from rank {root} in a world of {}: give a rank below the \
+             world's size",
+            self.size()
+        );
     }
 
     /// Waits until every process gets here.
@@ -418,6 +447,14 @@ fn start_watched(launch: &LaunchEnv) -> Result<Arc<dyn ProcessGroup>> {
 
 /// Every member's `mine` (any length), in rank order: the lengths, then the bytes (two
 /// all-gathers).
+/// `root`'s `buf` into every process's, in chunks of at most 1 GiB: MPI counts are `int`s.
+fn broadcast_chunks(g: &dyn ProcessGroup, buf: &mut [u8], root: usize, what: &str) {
+    const CHUNK: usize = 1 << 30;
+    for chunk in buf.chunks_mut(CHUNK) {
+        g.broadcast(chunk, root, what);
+    }
+}
+
 fn gather_bytes(g: &dyn ProcessGroup, mine: &[u8], what: &str) -> Vec<Vec<u8>> {
     let lens = g.all_gather(&(mine.len() as u64).to_le_bytes(), &vec![8; g.size()], what);
     let counts: Vec<usize> = lens
