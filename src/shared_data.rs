@@ -238,8 +238,9 @@ impl<'a> Writer<'a> {
     pub fn into_parts(mut self) -> Result<(Vec<u8>, Vec<ArrayBytes<'a>>), DataError> {
         self.arrays
             .sort_by(|(a, da, ..), (b, db, ..)| db.cmp(da).then_with(|| a.cmp(b)));
-        if let Some(w) = self.arrays.windows(2).find(|w| w[0].0 == w[1].0) {
-            return Err(shared(format!("two arrays named {}", w[0].0)));
+        let mut names = std::collections::HashSet::new();
+        if let Some((name, ..)) = self.arrays.iter().find(|(n, ..)| !names.insert(n)) {
+            return Err(shared(format!("two arrays named {name}")));
         }
         let mut offset = 0;
         let mut infos = Vec::with_capacity(self.arrays.len());
@@ -405,8 +406,11 @@ mod tests {
         );
         assert!(shared_err(r.take::<u8>("missing")));
         assert!(shared_err(r.metadata("missing")));
+        // Two of one name, of other types, with another type sorted between them.
+        let mut between = vec![1u32];
         let twice = Writer::new()
             .array("ids", &mut labels)
+            .array("other", &mut between)
             .array("ids", &mut offsets);
         assert!(shared_err(twice.into_parts()), "two arrays of one name");
     }

@@ -445,8 +445,6 @@ fn start_watched(launch: &LaunchEnv) -> Result<Arc<dyn ProcessGroup>> {
     group
 }
 
-/// Every member's `mine` (any length), in rank order: the lengths, then the bytes (two
-/// all-gathers).
 /// `root`'s `buf` into every process's, in chunks of at most 1 GiB: MPI counts are `int`s.
 fn broadcast_chunks(g: &dyn ProcessGroup, buf: &mut [u8], root: usize, what: &str) {
     const CHUNK: usize = 1 << 30;
@@ -455,6 +453,8 @@ fn broadcast_chunks(g: &dyn ProcessGroup, buf: &mut [u8], root: usize, what: &st
     }
 }
 
+/// Every member's `mine` (any length), in rank order: the lengths, then the bytes (two
+/// all-gathers).
 fn gather_bytes(g: &dyn ProcessGroup, mine: &[u8], what: &str) -> Vec<Vec<u8>> {
     let lens = g.all_gather(&(mine.len() as u64).to_le_bytes(), &vec![8; g.size()], what);
     let counts: Vec<usize> = lens
