@@ -197,7 +197,7 @@ impl Array {
 /// (on a little-endian machine), and sent from where they are.
 #[derive(Debug, Default)]
 pub struct Writer<'a> {
-    arrays: Vec<(String, Dtype, usize, ArrayBytes<'a>)>,
+    arrays: Vec<(String, Dtype, ArrayBytes<'a>)>,
     metadata: HashMap<String, String>,
 }
 
@@ -216,14 +216,13 @@ impl<'a> Writer<'a> {
     /// Adds the array `name` (1-D, little-endian), sent from `values`' own memory on a
     /// little-endian machine.
     pub fn array<T: Element>(mut self, name: &str, values: &'a mut [T]) -> Self {
-        let len = values.len();
         let bytes = if cfg!(target_endian = "little") {
             ArrayBytes::Borrowed(bytemuck::cast_slice_mut(values))
         } else {
             let le: Vec<T> = values.iter().map(|x| x.swap_le()).collect();
             ArrayBytes::Owned(bytemuck::cast_slice(&le).to_vec())
         };
-        self.arrays.push((name.to_owned(), T::DTYPE, len, bytes));
+        self.arrays.push((name.to_owned(), T::DTYPE, bytes));
         self
     }
 
@@ -245,11 +244,11 @@ impl<'a> Writer<'a> {
         let mut offset = 0;
         let mut infos = Vec::with_capacity(self.arrays.len());
         let mut parts = Vec::with_capacity(self.arrays.len());
-        for (name, dtype, len, mut bytes) in self.arrays {
+        for (name, dtype, mut bytes) in self.arrays {
             let n = bytes.bytes_mut().len();
             let info = TensorInfo {
                 dtype,
-                shape: vec![len],
+                shape: vec![n * 8 / dtype.bitsize()],
                 data_offsets: (offset, offset + n),
             };
             offset += n;
