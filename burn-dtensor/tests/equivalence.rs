@@ -303,9 +303,13 @@ macro_rules! by_rank {
     };
 }
 
+/// 64 cases a property; `PROPTEST_CASES=<n>` runs `n` (a longer soak run by hand).
 fn config() -> ProptestConfig {
     ProptestConfig {
-        cases: 64,
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(64),
         failure_persistence: None,
         ..ProptestConfig::default()
     }
