@@ -309,7 +309,8 @@ criterion_group! { name = large_benches; config = config().sample_size(10).measu
 
 /// Criterion's benches (what `criterion_main!` would run); or, with
 /// `DTENSOR_BENCH_INTERLEAVED=<rounds>[x<steps>]` (e.g. `15x200`; 200 steps a round by default),
-/// the IMDB step's modes in interleaved rounds on NdArray and Flex ([`interleaved`]) instead:
+/// the IMDB step's modes in interleaved rounds on NdArray and Flex (or Cuda alone, with
+/// `DTENSOR_BENCH_BACKEND=cuda`) ([`interleaved`]) instead:
 /// `DTENSOR_BENCH_INTERLEAVED=15 cargo bench --bench imdb_step`.
 fn main() {
     if let Ok(spec) = std::env::var("DTENSOR_BENCH_INTERLEAVED") {
@@ -322,7 +323,8 @@ fn main() {
                 .parse()
                 .expect("DTENSOR_BENCH_INTERLEAVED=<rounds>[x<steps>]"),
         );
-        // `DTENSOR_BENCH_BACKEND=flex` (or `ndarray`): that inner backend alone.
+        // `DTENSOR_BENCH_BACKEND=flex` (or `ndarray`, or `cuda` with that feature): that inner
+        // backend alone.
         let only = std::env::var("DTENSOR_BENCH_BACKEND").ok();
         let on = |b: &str| only.as_deref().is_none_or(|o| o == b);
         if on("ndarray") {
@@ -330,6 +332,11 @@ fn main() {
         }
         if on("flex") {
             interleaved::<Flex>("flex", Default::default(), rounds, steps);
+        }
+        // Cuda only when named (`DTENSOR_BENCH_BACKEND=cuda`): it needs a device.
+        #[cfg(feature = "cuda")]
+        if only.as_deref() == Some("cuda") {
+            interleaved::<burn::backend::Cuda>("cuda", Default::default(), rounds, steps);
         }
         return;
     }
