@@ -1,5 +1,5 @@
 //! The decorator on NdArray in one process: ops against the whole-tensor oracle, shard-local
-//! random creation, layout-mapped initialisation, sharded checkpoints; with the layout map on
+//! random creation, layout-mapped initialisation, sharded checkpoints (damaged ones too); with the layout map on
 //! real modules, the differentiable relayout and the sharding tables as submodules (one test
 //! binary: one link and one set of `DistributedBackend<NdArray>` instantiations, not four).
 
@@ -10,6 +10,8 @@ use burn_dtensor::*;
 type Inner = NdArray;
 type B = DistributedBackend<Inner>;
 
+#[path = "smoke/damaged_checkpoint.rs"]
+mod damaged_checkpoint;
 #[path = "smoke/layout_map.rs"]
 mod layout_map;
 #[path = "smoke/relayout_grad.rs"]

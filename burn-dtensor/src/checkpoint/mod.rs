@@ -210,7 +210,7 @@ impl StateDict {
         };
         if !shape.contains(&0) {
             *self.planned.entry(0).or_default() +=
-                (shape.iter().product::<usize>() * write::elem_bytes(dtype)) as u64;
+                (shape.iter().product::<usize>() * format::elem_bytes(dtype)) as u64;
         }
         if crate::spmd::init()?.is_chief() && !shape.contains(&0) {
             self.owned.push(write::OwnedShard {
@@ -312,7 +312,7 @@ impl StateDict {
         boxes: &[Vec<Range<usize>>],
         dtype: DType,
     ) -> Vec<usize> {
-        let elem = write::elem_bytes(dtype) as u64;
+        let elem = format::elem_bytes(dtype) as u64;
         let mut done = vec![false; boxes.len()];
         let mut writers = Vec::new();
         for g in 0..boxes.len() {
@@ -474,8 +474,10 @@ impl Checkpoint {
     ///
     /// # Errors
     /// [`DTensorError::Checkpoint`] when `dir` has no `metadata.json` (not a checkpoint, or one
-    /// whose save never committed) or it is not a sharded checkpoint of a version this build
-    /// reads.
+    /// whose save never committed), it is not a sharded checkpoint of a version this build
+    /// reads, or a tensor's entry is inconsistent ([`CheckpointMetadata::check`]: a shard
+    /// outside the shape, overlapping or missing shards, a byte range that does not hold its
+    /// box, a shard file outside the directory), naming the tensor and the shard.
     pub fn open(dir: &Path) -> Result<Self> {
         let path = dir.join(METADATA_FILE);
         let bytes = std::fs::read(&path).map_err(|e| {
@@ -498,6 +500,7 @@ impl Checkpoint {
                 ),
             ));
         }
+        meta.check().map_err(|reason| ckpt_err(&path, reason))?;
         Ok(Self {
             dir: dir.to_path_buf(),
             meta,

@@ -2,6 +2,7 @@
 //! that overlap the box are read (resharding on load, as PyTorch DCP's load planner and Orbax
 //! do), and each block read is verified against its CRC-32.
 
+use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -37,16 +38,26 @@ pub(super) fn read_box(
             ),
         )
     })?;
-    let elem = match dtype {
-        DType::Bool(_) => 1,
-        d => d.size(),
-    };
+    let elem = format::elem_bytes(dtype);
     let sizes: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
     let n: usize = sizes.iter().product();
+    // The shards the box overlaps, their files opened and long enough for the bytes the
+    // metadata gives them, before the box is allocated: the box's bytes exist on disk.
+    let mut sources = Vec::new();
+    for shard in &t.shards {
+        let overlaps = shard
+            .ranges()
+            .iter()
+            .zip(ranges)
+            .all(|(a, b)| a.start.max(b.start) < a.end.min(b.end));
+        if overlaps {
+            sources.push((shard, open_shard(dir, name, shard)?));
+        }
+    }
     let mut out = vec![0u8; n * elem];
     let mut covered = 0usize;
-    for shard in &t.shards {
-        covered += copy_overlap(dir, name, shard, ranges, elem, &mut out)?;
+    for (shard, file) in &sources {
+        covered += copy_overlap(dir, name, (shard, file), ranges, elem, &mut out)?;
     }
     if covered != n {
         return Err(ckpt_err(
@@ -64,28 +75,51 @@ pub(super) fn read_box(
     })
 }
 
-/// Copies the part of `shard` inside `ranges` into `out` (the box, row-major); returns the
-/// number of elements copied.
+/// `shard`'s file, opened.
+///
+/// # Errors
+/// It cannot be opened, or it ends before the shard's byte range does (a file cut short).
+fn open_shard(dir: &Path, name: &str, shard: &ShardMetadata) -> Result<File> {
+    let path = dir.join(&shard.file);
+    let file = File::open(&path).map_err(|e| {
+        ckpt_err(
+            &path,
+            format!("tensor `{name}`: its shard file cannot be opened ({e}); the checkpoint is incomplete"),
+        )
+    })?;
+    let len = file.metadata().map(|m| m.len()).map_err(|e| {
+        ckpt_err(
+            &path,
+            format!("tensor `{name}`: its shard file cannot be read ({e})"),
+        )
+    })?;
+    if len < shard.byte_range.1 {
+        return Err(ckpt_err(
+            &path,
+            format!(
+                "tensor `{name}`: shard {:?} ends at byte {} but the file has {len} bytes; the \
+                 file is cut short, restore it or use an earlier checkpoint",
+                shard.offsets, shard.byte_range.1
+            ),
+        ));
+    }
+    Ok(file)
+}
+
+/// Copies the part of `shard` (read from `file`, [`open_shard`]) inside `ranges` into `out`
+/// (the box, row-major); returns the number of elements copied.
 fn copy_overlap(
     dir: &Path,
     name: &str,
-    shard: &ShardMetadata,
+    (shard, file): (&ShardMetadata, &File),
     ranges: &[Range<usize>],
     elem: usize,
     out: &mut [u8],
 ) -> Result<usize> {
+    // The metadata was checked when the checkpoint was opened (`TensorMetadata::check`): the
+    // shard has the box's rank, lies inside the shape, and its byte range holds its elements.
     let rank = ranges.len();
     let sr = shard.ranges();
-    if sr.len() != rank {
-        return Err(ckpt_err(
-            dir,
-            format!(
-                "tensor `{name}`: a shard of rank {} in {}",
-                sr.len(),
-                shard.file
-            ),
-        ));
-    }
     let ov: Vec<Range<usize>> = sr
         .iter()
         .zip(ranges)
@@ -141,23 +175,7 @@ fn copy_overlap(
     }
     let run_bytes = inner * elem;
     let path = dir.join(&shard.file);
-    let file = std::fs::File::open(&path).map_err(|e| {
-        ckpt_err(
-            &path,
-            format!("tensor `{name}`: its shard file cannot be opened ({e}); the checkpoint is incomplete"),
-        )
-    })?;
     let shard_len = (shard.byte_range.1 - shard.byte_range.0) as usize;
-    let expected_len = shard.sizes.iter().product::<usize>() * elem;
-    if shard_len != expected_len || shard.block_crc32.len() != shard_len.div_ceil(BLOCK_BYTES) {
-        return Err(ckpt_err(
-            &path,
-            format!(
-                "tensor `{name}`: the metadata of shard {:?} is inconsistent",
-                shard.offsets
-            ),
-        ));
-    }
     // The blocks the runs touch, read in chunks of consecutive blocks and verified.
     let mut blocks: Vec<usize> = runs
         .iter()

@@ -59,15 +59,6 @@ fn host_bytes(data: &TensorData) -> Cow<'_, [u8]> {
     }
 }
 
-/// Element size in the file.
-pub(super) fn elem_bytes(d: DType) -> usize {
-    match d {
-        DType::Bool(_) => 1,
-        DType::Flex32 => 4,
-        d => d.size(),
-    }
-}
-
 /// The staging directory of a checkpoint being written to `dir`: `.NAME.partial` beside it.
 fn staging(dir: &Path) -> Result<PathBuf> {
     let name = dir.file_name().ok_or_else(|| {
@@ -250,7 +241,7 @@ fn write_file(
                 ),
             )
         })?;
-        let len = s.sizes.iter().product::<usize>() * elem_bytes(s.dtype);
+        let len = s.sizes.iter().product::<usize>() * format::elem_bytes(s.dtype);
         let view = HeaderView {
             dtype,
             shape: s.sizes.clone(),
@@ -282,7 +273,7 @@ fn write_file(
     for (_, s) in order {
         let data = (s.values)();
         let bytes = host_bytes(&data);
-        let expected = s.sizes.iter().product::<usize>() * elem_bytes(s.dtype);
+        let expected = s.sizes.iter().product::<usize>() * format::elem_bytes(s.dtype);
         if bytes.len() != expected {
             return Err(ckpt_err(
                 path,
