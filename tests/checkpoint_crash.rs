@@ -318,13 +318,25 @@ fn damaged(root: &Path, data: &Prepared) {
         },
     );
     expect_checkpoint_error(r, "metadata.json", "--optimizer");
-    // A checkpoint of another model size (hidden 64 instead of 48).
+    // A checkpoint of another model size (hidden 64 instead of 48): `dense1.weight` given 16
+    // more columns, held by a third shard in a file of its own, so that the metadata stays
+    // consistent (the reader refuses shards that do not tile the shape).
     let d = root.join("hidden64");
     copy_dir(&good, &d);
     let mp = edir(&d).join("metadata.json");
     let mut meta: burn_dtensor::checkpoint::CheckpointMetadata =
         serde_json::from_str(&std::fs::read_to_string(&mp).unwrap()).unwrap();
-    meta.tensors.get_mut("dense1.weight").unwrap().shape = vec![INPUT_DIM, 64];
+    let w = meta.tensors.get_mut("dense1.weight").unwrap();
+    w.shape = vec![INPUT_DIM, 64];
+    let extra = vec![0u8; INPUT_DIM * 16 * 4];
+    std::fs::write(edir(&d).join("extra.bin"), &extra).unwrap();
+    w.shards.push(burn_dtensor::checkpoint::ShardMetadata {
+        offsets: vec![0, 48],
+        sizes: vec![INPUT_DIM, 16],
+        file: "extra.bin".into(),
+        byte_range: (0, extra.len() as u64),
+        block_crc32: burn_dtensor::checkpoint::format::block_checksums(&extra),
+    });
     std::fs::write(&mp, serde_json::to_vec(&meta).unwrap()).unwrap();
     expect_checkpoint_error(
         resume(&d),

@@ -401,7 +401,10 @@ mod tests {
         refused(&|t| t.shards[5].offsets[1] = 5, "outside");
         refused(&|t| t.shards[5].offsets[1] = usize::MAX, "outside");
         refused(&|t| t.shards[2].byte_range.1 = 3, "ends before it starts");
-        refused(&|t| t.shards[2].byte_range.1 += 4, "20 bytes for 4 elements");
+        refused(
+            &|t| t.shards[2].byte_range.1 += 4,
+            "20 bytes for 4 elements",
+        );
         refused(&|t| t.shards[2].block_crc32.push(0), "2 block checksums");
         for file in ["", "/etc/passwd", "../x.safetensors", "a/../../x", "./x"] {
             refused(&|t| t.shards[0].file = file.into(), "not a path inside");
@@ -422,10 +425,17 @@ mod tests {
         let mut corner = tiled(&[4, 4], &[2, 2]);
         corner.check("c").unwrap();
         corner.shards[3].offsets = vec![1, 1];
-        assert!(corner.check("c").unwrap_err().contains("shards 0 and 3 overlap"));
+        assert!(
+            corner
+                .check("c")
+                .unwrap_err()
+                .contains("shards 0 and 3 overlap")
+        );
         // Many shards along one dim or in a grid: a sweep, not a comparison of every pair.
         tiled(&[3, 1 << 16], &[1, 1 << 14]).check("cols").unwrap();
-        tiled(&[1 << 8, 1 << 8], &[1 << 7, 1 << 7]).check("grid").unwrap();
+        tiled(&[1 << 8, 1 << 8], &[1 << 7, 1 << 7])
+            .check("grid")
+            .unwrap();
         let mut late = tiled(&[3, 1 << 16], &[1, 1 << 14]);
         let last = late.shards.len() - 1;
         late.shards[last].offsets[1] -= 1;
