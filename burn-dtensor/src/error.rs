@@ -53,6 +53,15 @@ pub enum DTensorError {
         /// Devices passed in.
         given: usize,
     },
+    /// A mesh with more positions than can be counted, or a mesh of virtual devices with more
+    /// than [`crate::MAX_VIRTUAL_POSITIONS`].
+    #[error("mesh shape {shape} is too large: {reason}")]
+    MeshTooLarge {
+        /// Mesh shape, e.g. `batch=4, model=2`.
+        shape: String,
+        /// How large, against which limit.
+        reason: String,
+    },
     /// A mesh axis of size zero, or an empty axis name.
     #[error(
         "invalid mesh axis `{axis}` of size {size}: axis names must be non-empty and sizes at least 1"

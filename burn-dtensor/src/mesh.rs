@@ -261,22 +261,17 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
     /// # Errors
     /// - [`DTensorError::DeviceCountMismatch`] when `devices.len()` is not the product of the sizes;
     /// - [`DTensorError::DuplicateMeshAxis`] when an axis name repeats;
-    /// - [`DTensorError::InvalidAxis`] for an empty name or a size of 0.
+    /// - [`DTensorError::InvalidAxis`] for an empty name or a size of 0;
+    /// - [`DTensorError::MeshTooLarge`] when the product of the sizes overflows `usize`.
     pub fn new<S: Into<String>>(
         axes: impl IntoIterator<Item = (S, usize)>,
         devices: Vec<D>,
     ) -> Result<Self> {
         let axes: Vec<(String, usize)> = axes.into_iter().map(|(n, s)| (n.into(), s)).collect();
-        check_axes(&axes)?;
-        let expected: usize = axes.iter().map(|(_, s)| s).product();
+        let expected = mesh_size(&axes)?;
         if expected != devices.len() {
-            let shape = axes
-                .iter()
-                .map(|(n, s)| format!("{n}={s}"))
-                .collect::<Vec<_>>()
-                .join(",");
             return Err(DTensorError::DeviceCountMismatch {
-                shape,
+                shape: shape_text(&axes),
                 expected,
                 given: devices.len(),
             });
@@ -340,7 +335,7 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
         if world.size() == 1 {
             return Self::new(axes, local_devices);
         }
-        check_axes(&axes)?;
+        mesh_size(&axes)?;
         // Before any collective of the mesh: no GPU held by two processes of one host.
         let mut exclusive: Vec<String> = local_devices
             .iter()
@@ -382,13 +377,23 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
     /// `NdArray` and `Flex` have a single device).
     ///
     /// # Errors
-    /// As [`Mesh::new`].
+    /// As [`Mesh::new`]; [`DTensorError::MeshTooLarge`] for more than
+    /// [`MAX_VIRTUAL_POSITIONS`] positions, checked before any is made.
     pub fn virtual_devices<S: Into<String>>(
         axes: impl IntoIterator<Item = (S, usize)>,
         device: D,
     ) -> Result<Self> {
         let axes: Vec<(String, usize)> = axes.into_iter().map(|(n, s)| (n.into(), s)).collect();
-        let n = axes.iter().map(|(_, s)| s).product();
+        let n = mesh_size(&axes)?;
+        if n > MAX_VIRTUAL_POSITIONS {
+            return Err(DTensorError::MeshTooLarge {
+                shape: shape_text(&axes),
+                reason: format!(
+                    "{n} virtual positions, more than the {MAX_VIRTUAL_POSITIONS} a mesh of \
+                     virtual devices may have; is an axis size mistyped?"
+                ),
+            });
+        }
         Self::new(axes, vec![device; n])
     }
 
@@ -545,6 +550,39 @@ fn check_axes(axes: &[(String, usize)]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Most positions of a mesh of virtual devices ([`Mesh::virtual_devices`]): 2^20, more than
+/// the devices of any machine or cluster a mesh of virtual copies stands in for. The mesh
+/// holds one device handle per position (and a sharded tensor one shard per position), so a
+/// mistyped axis size (`batch=40000000`) is refused before anything is allocated.
+pub const MAX_VIRTUAL_POSITIONS: usize = 1 << 20;
+
+/// `axes` checked ([`check_axes`]) and their positions counted.
+///
+/// # Errors
+/// As [`check_axes`]; [`DTensorError::MeshTooLarge`] when the product of the sizes overflows
+/// `usize`.
+fn mesh_size(axes: &[(String, usize)]) -> Result<usize> {
+    check_axes(axes)?;
+    axes.iter()
+        .try_fold(1usize, |n, (_, s)| n.checked_mul(*s))
+        .ok_or_else(|| DTensorError::MeshTooLarge {
+            shape: shape_text(axes),
+            reason: format!(
+                "the product of its axis sizes is more than {}, the most positions this \
+                 machine can count",
+                usize::MAX
+            ),
+        })
+}
+
+/// `axes` as `batch=4,model=2`, for errors.
+fn shape_text(axes: &[(String, usize)]) -> String {
+    axes.iter()
+        .map(|(n, s)| format!("{n}={s}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Parses `"batch=4,model=2"` (whitespace allowed) into `(axis, size)` pairs.

@@ -1375,6 +1375,31 @@ fn typed_errors() {
     assert!(e.to_string().contains("defined twice in the mesh"), "{e}");
     let e = Mesh::new([("x", 0)], Vec::<Dev>::new()).unwrap_err();
     assert!(matches!(e, DTensorError::InvalidAxis { .. }), "{e}");
+    // Axis sizes whose product overflows (it wrapped to 0 = the 0 devices given, and the mesh
+    // was built), and a mistyped size for virtual devices (it allocated a handle per position
+    // first: an endless loop for a zero-sized device type): refused before anything is made.
+    let e = Mesh::new([("x", 1 << 32), ("y", 1 << 32)], Vec::<Dev>::new()).unwrap_err();
+    assert!(
+        matches!(&e, DTensorError::MeshTooLarge { shape, .. } if shape == "x=4294967296,y=4294967296"),
+        "{e}"
+    );
+    let e = Mesh::virtual_devices([("batch", usize::MAX)], Dev::default()).unwrap_err();
+    assert!(
+        matches!(e, DTensorError::MeshTooLarge { .. }) && e.to_string().contains("mistyped"),
+        "{e}"
+    );
+    let e = Mesh::virtual_devices(
+        [("batch", burn_dtensor::MAX_VIRTUAL_POSITIONS / 2), ("m", 3)],
+        Dev::default(),
+    )
+    .unwrap_err();
+    assert!(matches!(e, DTensorError::MeshTooLarge { .. }), "{e}");
+    let wide = Mesh::virtual_devices(
+        [("batch", burn_dtensor::MAX_VIRTUAL_POSITIONS)],
+        Dev::default(),
+    )
+    .unwrap();
+    assert_eq!(wide.size(), burn_dtensor::MAX_VIRTUAL_POSITIONS);
     // The original tensor is untouched by the refused relayouts.
     check("after errors", t, orc::<2>(&data(&[4, 4], 1)));
 }
