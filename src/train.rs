@@ -536,6 +536,29 @@ pub struct Distributed<I: Backend> {
     pub label_layout: Layout,
 }
 
+/// This process's share of `devices` virtual copies of `device` (`--devices`): all of them
+/// alone, `devices / N` under `mpirun -n N` (starting the SPMD world).
+///
+/// # Errors
+/// [`AppError::Config`] for more than [`burn_dtensor::MAX_VIRTUAL_POSITIONS`] devices (checked
+/// before any is made) or a count the processes cannot split evenly; the SPMD start-up errors.
+pub(crate) fn process_devices<D: Clone>(devices: usize, device: D) -> Result<Vec<D>, AppError> {
+    if devices > burn_dtensor::MAX_VIRTUAL_POSITIONS {
+        return Err(AppError::Config(format!(
+            "--devices {devices} is more than the {} virtual devices a mesh may have",
+            burn_dtensor::MAX_VIRTUAL_POSITIONS
+        )));
+    }
+    let world = burn_dtensor::spmd::init()?;
+    if !devices.is_multiple_of(world.size()) {
+        return Err(AppError::Config(format!(
+            "--devices {devices} cannot be split over {} processes: give a multiple of the process count",
+            world.size()
+        )));
+    }
+    Ok(vec![device; devices / world.size()])
+}
+
 impl<I: Backend> Distributed<I> {
     /// Builds the placement: mesh `axes` over `devices` virtual copies of `device`
     /// (`devices` must equal the product of the axis sizes), parameters laid out by `layout_map`,
@@ -554,14 +577,7 @@ impl<I: Backend> Distributed<I> {
         device: I::Device,
         layout_map: LayoutMap,
     ) -> Result<Self, AppError> {
-        let world = burn_dtensor::spmd::init()?;
-        if !devices.is_multiple_of(world.size()) {
-            return Err(AppError::Config(format!(
-                "--devices {devices} cannot be split over {} processes: give a multiple of the process count",
-                world.size()
-            )));
-        }
-        let mesh = Mesh::parse_spmd(mesh_spec, vec![device; devices / world.size()])?;
+        let mesh = Mesh::parse_spmd(mesh_spec, process_devices(devices, device)?)?;
         let has = |a: &str| mesh.topology().axis_index(a).is_ok();
         let spec = [
             if has("batch") { "batch" } else { UNSHARDED },

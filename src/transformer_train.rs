@@ -500,16 +500,8 @@ fn run_modes<I: Backend>(
             &|g, _| Ok(g),
         );
     }
-    let world = burn_dtensor::spmd::init()?;
-    if !cfg.devices.is_multiple_of(world.size()) {
-        return Err(AppError::Config(format!(
-            "--devices {} cannot be split over {} processes: give a multiple of the process count",
-            cfg.devices,
-            world.size()
-        )));
-    }
     let spec = cfg.mesh.as_deref().unwrap_or(cfg.mode.default_mesh());
-    let mesh = Mesh::parse_spmd(spec, vec![device; cfg.devices / world.size()])?;
+    let mesh = Mesh::parse_spmd(spec, crate::train::process_devices(cfg.devices, device)?)?;
     let map = LayoutMap::from_toml_str(cfg.mode.layout_map())?;
     let ids_layout = Layout::new(&mesh, cfg.mode.ids_spec())?;
     let label_layout = Layout::new(&mesh, &cfg.mode.ids_spec()[..1])?;

@@ -88,6 +88,29 @@ fn mesh_size_not_matching_devices() {
     );
 }
 
+/// A mistyped device count or mesh size is refused before a device is made (it made one
+/// handle per device first: `--devices 99999999999` ran for minutes without a word), and axis
+/// sizes whose product overflows are refused (the product wrapped).
+#[test]
+fn oversized_meshes_are_refused_up_front() {
+    let e = run(&["--mesh", "batch=99999999999", "--devices", "99999999999"]).unwrap_err();
+    assert!(
+        matches!(&e, AppError::Config(m) if m.contains("--devices 99999999999")),
+        "{e}"
+    );
+    let e = run(&[
+        "--mesh",
+        "batch=4294967296,model=4294967296",
+        "--devices",
+        "8",
+    ])
+    .unwrap_err();
+    assert!(
+        matches!(e, AppError::Layout(DTensorError::MeshTooLarge { .. })),
+        "{e}"
+    );
+}
+
 #[test]
 fn layout_naming_unknown_axis() {
     let p = tmp(
