@@ -581,15 +581,21 @@ impl Checkpoint {
     /// only the checksum blocks of the saved shards that overlap the box.
     ///
     /// # Errors
-    /// [`DTensorError::Checkpoint`]: unknown name, a box outside the tensor, missing or damaged
-    /// shards.
+    /// [`DTensorError::Checkpoint`]: unknown name, a box of another rank, outside the tensor or
+    /// with a reversed range, missing or damaged shards.
     pub fn read_box(&self, name: &str, ranges: &[Range<usize>]) -> Result<TensorData> {
         let t = self.tensor(name, None)?;
-        if ranges.len() != t.shape.len() || ranges.iter().zip(&t.shape).any(|(r, &n)| r.end > n) {
+        if ranges.len() != t.shape.len()
+            || ranges
+                .iter()
+                .zip(&t.shape)
+                .any(|(r, &n)| r.end > n || r.start > r.end)
+        {
             return Err(ckpt_err(
                 &self.dir,
                 format!(
-                    "box {ranges:?} is outside tensor `{name}` of shape {:?}",
+                    "box {ranges:?} is not a box of tensor `{name}` of shape {:?}: give one \
+                     range per dim, inside the dim, start at most end",
                     t.shape
                 ),
             ));

@@ -255,5 +255,11 @@ fn an_edited_checkpoint_is_refused_on_open() {
         "{e}"
     );
     ckpt.read_box("w", &[0..256, 0..300]).unwrap();
+    // A box outside the tensor, of another rank, or reversed.
+    #[allow(clippy::reversed_empty_ranges, clippy::single_range_in_vec_init)]
+    for bad in [vec![0..513, 0..300], vec![0..4], vec![9..3, 0..300]] {
+        let e = ckpt.read_box("w", &bad).unwrap_err().to_string();
+        assert!(e.contains("not a box of tensor `w`"), "{bad:?}: {e}");
+    }
     std::fs::remove_dir_all(&root).unwrap();
 }
