@@ -2,6 +2,7 @@
 //! that overlap the box are read (resharding on load, as PyTorch DCP's load planner and Orbax
 //! do), and each block read is verified against its CRC-32.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
@@ -41,23 +42,32 @@ pub(super) fn read_box(
     let elem = format::elem_bytes(dtype);
     let sizes: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
     let n: usize = sizes.iter().product();
-    // The shards the box overlaps, their files opened and long enough for the bytes the
-    // metadata gives them, before the box is allocated: the box's bytes exist on disk.
-    let mut sources = Vec::new();
-    for shard in &t.shards {
-        let overlaps = shard
-            .ranges()
-            .iter()
-            .zip(ranges)
-            .all(|(a, b)| a.start.max(b.start) < a.end.min(b.end));
-        if overlaps {
-            sources.push((shard, open_shard(dir, name, shard)?));
-        }
+    // The shards the box overlaps, and each of their files long enough for the bytes the
+    // metadata gives it there, checked before the box is allocated: the box's bytes exist on
+    // disk. Checked by the files' sizes, so no file stays open (a box may span thousands).
+    let sources: Vec<&ShardMetadata> = t
+        .shards
+        .iter()
+        .filter(|shard| {
+            shard
+                .ranges()
+                .iter()
+                .zip(ranges)
+                .all(|(a, b)| a.start.max(b.start) < a.end.min(b.end))
+        })
+        .collect();
+    let mut ends: BTreeMap<&str, u64> = BTreeMap::new();
+    for shard in &sources {
+        let end = ends.entry(shard.file.as_str()).or_default();
+        *end = (*end).max(shard.byte_range.1);
+    }
+    for (file, end) in ends {
+        check_length(dir, name, file, end)?;
     }
     let mut out = vec![0u8; n * elem];
     let mut covered = 0usize;
-    for (shard, file) in &sources {
-        covered += copy_overlap(dir, name, (shard, file), ranges, elem, &mut out)?;
+    for shard in sources {
+        covered += copy_overlap(dir, name, shard, ranges, elem, &mut out)?;
     }
     if covered != n {
         return Err(ckpt_err(
@@ -75,43 +85,44 @@ pub(super) fn read_box(
     })
 }
 
-/// `shard`'s file, opened.
+/// Checks that shard file `file` of the checkpoint in `dir` exists and has at least `end`
+/// bytes, the end of the last of tensor `name`'s shards a read needs from it.
 ///
 /// # Errors
-/// It cannot be opened, or it ends before the shard's byte range does (a file cut short).
-fn open_shard(dir: &Path, name: &str, shard: &ShardMetadata) -> Result<File> {
-    let path = dir.join(&shard.file);
-    let file = File::open(&path).map_err(|e| {
-        ckpt_err(
-            &path,
-            format!("tensor `{name}`: its shard file cannot be opened ({e}); the checkpoint is incomplete"),
-        )
-    })?;
-    let len = file.metadata().map(|m| m.len()).map_err(|e| {
-        ckpt_err(
-            &path,
-            format!("tensor `{name}`: its shard file cannot be read ({e})"),
-        )
-    })?;
-    if len < shard.byte_range.1 {
+/// It cannot be found, or it is shorter (a file cut short).
+fn check_length(dir: &Path, name: &str, file: &str, end: u64) -> Result<()> {
+    let path = dir.join(file);
+    let len = std::fs::metadata(&path)
+        .map(|m| m.len())
+        .map_err(|e| unopened(&path, name, e))?;
+    if len < end {
         return Err(ckpt_err(
             &path,
             format!(
-                "tensor `{name}`: shard {:?} ends at byte {} but the file has {len} bytes; the \
-                 file is cut short, restore it or use an earlier checkpoint",
-                shard.offsets, shard.byte_range.1
+                "tensor `{name}`: its shards end at byte {end} but the file has {len} bytes; the \
+                 file is cut short, restore it or use an earlier checkpoint"
             ),
         ));
     }
-    Ok(file)
+    Ok(())
 }
 
-/// Copies the part of `shard` (read from `file`, [`open_shard`]) inside `ranges` into `out`
-/// (the box, row-major); returns the number of elements copied.
+/// The error for a shard file of tensor `name` at `path` that cannot be opened (`e`).
+fn unopened(path: &Path, name: &str, e: std::io::Error) -> crate::DTensorError {
+    ckpt_err(
+        path,
+        format!(
+            "tensor `{name}`: its shard file cannot be opened ({e}); the checkpoint is incomplete"
+        ),
+    )
+}
+
+/// Copies the part of `shard` inside `ranges` into `out` (the box, row-major); returns the
+/// number of elements copied.
 fn copy_overlap(
     dir: &Path,
     name: &str,
-    (shard, file): (&ShardMetadata, &File),
+    shard: &ShardMetadata,
     ranges: &[Range<usize>],
     elem: usize,
     out: &mut [u8],
@@ -175,6 +186,7 @@ fn copy_overlap(
     }
     let run_bytes = inner * elem;
     let path = dir.join(&shard.file);
+    let file = File::open(&path).map_err(|e| unopened(&path, name, e))?;
     let shard_len = (shard.byte_range.1 - shard.byte_range.0) as usize;
     // The blocks the runs touch, read in chunks of consecutive blocks and verified.
     let mut blocks: Vec<usize> = runs

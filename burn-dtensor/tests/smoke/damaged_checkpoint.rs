@@ -251,7 +251,10 @@ fn an_edited_checkpoint_is_refused_on_open() {
     let ckpt = Checkpoint::open(&dir).unwrap();
     let e = ckpt.read_whole("w").unwrap_err().to_string();
     assert!(
-        e.contains("`w`") && e.contains(&file) && e.contains("cut short"),
+        e.contains("`w`")
+            && e.contains(&file)
+            && e.contains("cut short")
+            && e.contains(&format!("at byte {end}")),
         "{e}"
     );
     ckpt.read_box("w", &[0..256, 0..300]).unwrap();
@@ -261,5 +264,34 @@ fn an_edited_checkpoint_is_refused_on_open() {
         let e = ckpt.read_box("w", &bad).unwrap_err().to_string();
         assert!(e.contains("not a box of tensor `w`"), "{bad:?}: {e}");
     }
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// A box over more shards than the process may have files open: the reader checks the files'
+/// sizes by name and opens one shard's file at a time (600 shards under a limit of 256 open
+/// files; lowered for this process, which no other test here comes near).
+#[test]
+fn a_box_over_hundreds_of_shards_reads_with_few_files_open() {
+    let root = scratch("many");
+    let m = mesh(&[("a", 600)]);
+    let want = data([600, 3], 8);
+    let x: Tensor<B, 2> =
+        distribute(want.clone(), &Layout::new(&m, ["a", "unsharded"]).unwrap()).unwrap();
+    let mut state = StateDict::new();
+    state.insert("x", x).unwrap();
+    let meta = save(&root.join("ck"), state, &SaveOptions::default()).unwrap();
+    assert_eq!(meta.tensors["x"].shards.len(), 600);
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain reads and writes of this process's own limit.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+        lim.rlim_cur = lim.rlim_cur.min(256);
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
+    }
+    let ckpt = Checkpoint::open(&root.join("ck")).unwrap();
+    ckpt.read_whole("x").unwrap().assert_eq(&want, true);
     std::fs::remove_dir_all(&root).unwrap();
 }
