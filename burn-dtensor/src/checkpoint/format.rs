@@ -125,91 +125,103 @@ impl TensorMetadata {
     /// # Errors
     /// The first inconsistency, as a sentence naming tensor `name` (the caller adds the file).
     pub fn check(&self, name: &str) -> Result<(), String> {
-        let damaged = "; metadata.json is damaged or was edited: restore it or use an earlier \
-                       checkpoint";
-        let rank = self.shape.len();
+        self.inconsistency(name).map_err(|why| {
+            format!(
+                "{why}; metadata.json is damaged or was edited: restore it or use an earlier \
+                 checkpoint"
+            )
+        })
+    }
+
+    /// [`TensorMetadata::check`] without its advice.
+    fn inconsistency(&self, name: &str) -> Result<(), String> {
         let numel = checked_numel(&self.shape).ok_or_else(|| {
             format!(
-                "tensor `{name}` has shape {:?}, more elements than this machine can address{damaged}",
+                "tensor `{name}` has shape {:?}, more elements than this machine can address",
                 self.shape
             )
         })?;
         let elem = dtype_of_name(&self.dtype).map(elem_bytes);
         let mut covered = 0usize;
         for (i, s) in self.shards.iter().enumerate() {
-            let which = format!(
-                "tensor `{name}`: shard {i} (offsets {:?}, sizes {:?})",
-                s.offsets, s.sizes
-            );
-            if s.offsets.len() != rank || s.sizes.len() != rank {
-                return Err(format!(
-                    "{which} does not have the tensor's rank {rank}{damaged}"
-                ));
-            }
-            let inside = s
-                .offsets
-                .iter()
-                .zip(&s.sizes)
-                .zip(&self.shape)
-                .all(|((&o, &n), &dim)| o.checked_add(n).is_some_and(|end| end <= dim));
-            if !inside {
-                return Err(format!(
-                    "{which} lies outside the tensor's shape {:?}{damaged}",
-                    self.shape
-                ));
-            }
-            let (start, end) = s.byte_range;
-            if end < start {
-                return Err(format!(
-                    "{which} has the byte range {start}..{end}, which ends before it starts{damaged}"
-                ));
-            }
-            let len = usize::try_from(end - start).map_err(|_| {
-                format!("{which} has more bytes than this machine can address{damaged}")
+            let count = self.shard_inconsistency(s, elem).map_err(|why| {
+                format!(
+                    "tensor `{name}`: shard {i} (offsets {:?}, sizes {:?}) {why}",
+                    s.offsets, s.sizes
+                )
             })?;
-            // Inside the shape, so its element count does not overflow.
-            let count: usize = s.sizes.iter().product();
-            if let Some(elem) = elem
-                && count.checked_mul(elem) != Some(len)
-            {
-                return Err(format!(
-                    "{which} has {len} bytes for {count} elements of {}{damaged}",
-                    self.dtype
-                ));
-            }
-            if s.block_crc32.len() != len.div_ceil(BLOCK_BYTES) {
-                return Err(format!(
-                    "{which} has {} block checksums for {len} bytes (one per {BLOCK_BYTES} bytes){damaged}",
-                    s.block_crc32.len()
-                ));
-            }
-            let plain = !s.file.is_empty()
-                && std::path::Path::new(&s.file)
-                    .components()
-                    .all(|c| matches!(c, std::path::Component::Normal(_)));
-            if !plain {
-                return Err(format!(
-                    "{which} names the file `{}`, which is not a path inside the checkpoint \
-                     directory{damaged}",
-                    s.file
-                ));
-            }
             covered = covered.saturating_add(count);
         }
         if let Some((a, b)) = overlapping(&self.shards) {
             return Err(format!(
-                "tensor `{name}`: shards {a} and {b} overlap (offsets {:?} and {:?}){damaged}",
+                "tensor `{name}`: shards {a} and {b} overlap (offsets {:?} and {:?})",
                 self.shards[a].offsets, self.shards[b].offsets
             ));
         }
         if covered != numel {
             return Err(format!(
                 "tensor `{name}`: its shards hold {covered} of the {numel} elements of shape {:?} \
-                 (a shard is missing from the metadata){damaged}",
+                 (a shard is missing from the metadata)",
                 self.shape
             ));
         }
         Ok(())
+    }
+
+    /// Checks shard `s` alone (rank, box, byte range, checksums, file; `elem`: the element size
+    /// of a dtype this build knows) and returns its element count.
+    ///
+    /// # Errors
+    /// What is wrong with it, as the end of a sentence that names the shard.
+    fn shard_inconsistency(&self, s: &ShardMetadata, elem: Option<usize>) -> Result<usize, String> {
+        let rank = self.shape.len();
+        if s.offsets.len() != rank || s.sizes.len() != rank {
+            return Err(format!("does not have the tensor's rank {rank}"));
+        }
+        let inside = s
+            .offsets
+            .iter()
+            .zip(&s.sizes)
+            .zip(&self.shape)
+            .all(|((&o, &n), &dim)| o.checked_add(n).is_some_and(|end| end <= dim));
+        if !inside {
+            return Err(format!("lies outside the tensor's shape {:?}", self.shape));
+        }
+        let (start, end) = s.byte_range;
+        if end < start {
+            return Err(format!(
+                "has the byte range {start}..{end}, which ends before it starts"
+            ));
+        }
+        let len = usize::try_from(end - start)
+            .map_err(|_| "has more bytes than this machine can address".to_string())?;
+        // Inside the shape, so its element count does not overflow.
+        let count: usize = s.sizes.iter().product();
+        if let Some(elem) = elem
+            && count.checked_mul(elem) != Some(len)
+        {
+            return Err(format!(
+                "has {len} bytes for {count} elements of {}",
+                self.dtype
+            ));
+        }
+        if s.block_crc32.len() != len.div_ceil(BLOCK_BYTES) {
+            return Err(format!(
+                "has {} block checksums for {len} bytes (one per {BLOCK_BYTES} bytes)",
+                s.block_crc32.len()
+            ));
+        }
+        let plain = !s.file.is_empty()
+            && std::path::Path::new(&s.file)
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !plain {
+            return Err(format!(
+                "names the file `{}`, which is not a path inside the checkpoint directory",
+                s.file
+            ));
+        }
+        Ok(count)
     }
 }
 
