@@ -214,11 +214,19 @@ impl Config {
         };
         const TIMEOUT: &str = "BURN_DTENSOR_COLLECTIVE_TIMEOUT_S";
         if let Some(v) = get(TIMEOUT) {
+            // `try_from`: a value past `Duration`'s range (about 5.8e11 years) is refused, not
+            // a panic.
             let s = v.trim().parse::<f64>().ok();
             c.collective_timeout = s
-                .filter(|s| *s > 0.0 && s.is_finite())
-                .map(Duration::from_secs_f64)
-                .ok_or_else(|| bad(TIMEOUT, &v, "a positive number of seconds, e.g. 30 or 2.5"))?;
+                .filter(|s| *s > 0.0)
+                .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                .ok_or_else(|| {
+                    bad(
+                        TIMEOUT,
+                        &v,
+                        "a positive number of seconds below 1.8e19, e.g. 30 or 2.5",
+                    )
+                })?;
         }
         const REDUCTION: &str = "BURN_DTENSOR_SPMD_REDUCTION";
         if let Some(v) = get(REDUCTION) {
@@ -406,6 +414,17 @@ mod tests {
         );
         for (var, value, says) in [
             ("BURN_DTENSOR_COLLECTIVE_TIMEOUT_S", "-1", "positive number"),
+            ("BURN_DTENSOR_COLLECTIVE_TIMEOUT_S", "1e300", "below 1.8e19"),
+            (
+                "BURN_DTENSOR_COLLECTIVE_TIMEOUT_S",
+                "inf",
+                "positive number",
+            ),
+            (
+                "BURN_DTENSOR_COLLECTIVE_TIMEOUT_S",
+                "NaN",
+                "positive number",
+            ),
             ("BURN_DTENSOR_SPMD_REDUCTION", "fast", "`ordered`"),
             ("BURN_DTENSOR_SPMD_ENGINE", "bogus", "`mpi`"),
             ("BURN_DTENSOR_STACKED", "yes", "`0`"),
