@@ -44,6 +44,21 @@ fn bad_specs_get_typed_errors_saying_what_to_fix() {
         "[[nodes]]\naddress = \"a\"\nprocesses = 1\nchief = true\n[[nodes]]\naddress = \"b\"\nprocesses = 1\nchief = true\n",
         "all marked chief",
     );
+    // More processes than an MPI world can number (a C `int`), in one node or summed over
+    // three whose sum overflows `usize` (a panic, or a wrapped `-np`, before).
+    refused(
+        "[[nodes]]\naddress = \"a\"\nprocesses = 2147483648\n",
+        "2147483648 processes in all, more than the 2147483647 ranks",
+    );
+    let huge = (0..3)
+        .map(|i| format!("[[nodes]]\naddress = \"n{i}\"\nprocesses = {}\n", i64::MAX))
+        .collect::<String>();
+    refused(&huge, "27670116110564327421 processes in all");
+    ResourceSpec::parse(
+        "[[nodes]]\naddress = \"a\"\nprocesses = 2147483647\n",
+        "test.toml",
+    )
+    .expect("a world of i32::MAX ranks is a valid spec");
     refused(
         "[[nodes]]\naddress = \"a\"\nprocesses = 1\ncpu = 2\n",
         "unknown field `cpu`",

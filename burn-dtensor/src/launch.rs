@@ -186,7 +186,8 @@ impl ResourceSpec {
     /// Checks the spec: at least one node; every address a host name or IP literal; every node
     /// with at least one process and, when it gives both, as many processes as GPUs; distinct
     /// addresses (ignoring case); at most one chief; no loopback address in a spec of several
-    /// nodes (the other nodes could not reach it).
+    /// nodes (the other nodes could not reach it); at most `i32::MAX` processes in all (MPI
+    /// numbers ranks with a C `int`).
     ///
     /// # Errors
     /// [`DTensorError::ResourceSpec`] saying which node and what to change.
@@ -252,6 +253,23 @@ impl ResourceSpec {
                 ));
             }
         }
+        // MPI numbers a world's ranks with a C `int`.
+        let world = self
+            .nodes
+            .iter()
+            .try_fold(0usize, |sum, n| sum.checked_add(n.slots()))
+            .filter(|&w| w <= i32::MAX as usize);
+        if world.is_none() {
+            return Err(spec_err(
+                origin,
+                format!(
+                    "the nodes start {} processes in all, more than the {} ranks an MPI world \
+                     can number: is a `processes` mistyped?",
+                    self.nodes.iter().map(|n| n.slots() as u128).sum::<u128>(),
+                    i32::MAX
+                ),
+            ));
+        }
         let chiefs: Vec<usize> = (0..self.nodes.len())
             .filter(|&i| self.nodes[i].chief)
             .collect();
@@ -264,9 +282,12 @@ impl ResourceSpec {
         Ok(())
     }
 
-    /// Processes in the run (the sum of every node's slots).
+    /// Processes in the run (the sum of every node's slots; at most `i32::MAX` in a spec that
+    /// passed [`ResourceSpec::validate`], saturating at `usize::MAX` in one that did not).
     pub fn world_size(&self) -> usize {
-        self.nodes.iter().map(Node::slots).sum()
+        self.nodes
+            .iter()
+            .fold(0usize, |sum, n| sum.saturating_add(n.slots()))
     }
 
     /// The nodes in rank order: the chief (or the first node) first.
