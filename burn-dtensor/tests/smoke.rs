@@ -675,6 +675,16 @@ fn sharded_checkpoint_errors_name_what_is_wrong() {
     // An unknown tensor.
     let e = ckpt.read_whole("dec.w").unwrap_err().to_string();
     assert!(e.contains("`dec.w`") && e.contains("enc.w"), "{e}");
+    // A float tensor read as an int one (before: its values truncated without a word); a
+    // dtype of the same kind converts.
+    let e = ckpt
+        .read::<B, 2, burn::tensor::Int>("enc.w", &l)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("`enc.w` is saved as F32 (kind Float) but read as kind Int"),
+        "{e}"
+    );
     std::fs::remove_dir_all(&root).unwrap();
 }
 

@@ -326,6 +326,19 @@ pub fn dtype_of_name(name: &str) -> Option<DType> {
     })
 }
 
+/// The tensor kind (Burn's `TensorKind::name`: `Float`, `Int` or `Bool`) of a metadata dtype
+/// name; `None` for a name this build does not know.
+pub fn kind_of_name(name: &str) -> Option<&'static str> {
+    let d = dtype_of_name(name)?;
+    Some(if d.is_float() {
+        "Float"
+    } else if d.is_bool() {
+        "Bool"
+    } else {
+        "Int"
+    })
+}
+
 /// Bytes per element of dtype `d` in a shard file (one for `BOOL`; `Flex32` is written as
 /// `F32`).
 pub(crate) fn elem_bytes(d: DType) -> usize {

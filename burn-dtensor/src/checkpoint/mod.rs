@@ -467,6 +467,8 @@ pub fn save_module<B: DistributedOps, M: Module<B>>(
 pub struct Checkpoint {
     dir: PathBuf,
     meta: CheckpointMetadata,
+    /// The shard files' headers, each read once, on its first read.
+    headers: read::Headers,
 }
 
 impl Checkpoint {
@@ -504,6 +506,7 @@ impl Checkpoint {
         Ok(Self {
             dir: dir.to_path_buf(),
             meta,
+            headers: Default::default(),
         })
     }
 
@@ -577,12 +580,36 @@ impl Checkpoint {
         Ok(t)
     }
 
+    /// Tensor `name`'s entry, checked to have `shape` and to be of tensor kind `kind` (Burn's
+    /// `TensorKind::name`): a read converts between dtypes of one kind (an `F32` checkpoint
+    /// into an `F16` model), never between kinds, which would truncate floats into ints or
+    /// ints into bools without a word.
+    ///
+    /// # Errors
+    /// As [`Checkpoint::tensor`], and a tensor of another kind.
+    fn tensor_like(&self, name: &str, shape: &[usize], kind: &str) -> Result<&TensorMetadata> {
+        let t = self.tensor(name, Some(shape))?;
+        match format::kind_of_name(&t.dtype) {
+            Some(saved) if saved != kind => Err(ckpt_err(
+                &self.dir,
+                format!(
+                    "tensor `{name}` is saved as {} (kind {saved}) but read as kind {kind}: read \
+                     it with kind {saved} and convert it yourself if that is meant",
+                    t.dtype
+                ),
+            )),
+            _ => Ok(t),
+        }
+    }
+
     /// The values of the box `ranges` of tensor `name` (host data in the saved dtype): reads
     /// only the checksum blocks of the saved shards that overlap the box.
     ///
     /// # Errors
     /// [`DTensorError::Checkpoint`]: unknown name, a box of another rank, outside the tensor or
-    /// with a reversed range, missing or damaged shards.
+    /// with a reversed range, missing or damaged shards, a shard file whose safetensors header
+    /// disagrees with `metadata.json` on a shard read from it (its name, dtype, shape or bytes;
+    /// each file's header is read once per opened checkpoint).
     pub fn read_box(&self, name: &str, ranges: &[Range<usize>]) -> Result<TensorData> {
         let t = self.tensor(name, None)?;
         if ranges.len() != t.shape.len()
@@ -600,7 +627,7 @@ impl Checkpoint {
                 ),
             ));
         }
-        read::read_box(&self.dir, name, t, ranges)
+        read::read_box(&self.dir, &self.headers, name, t, ranges)
     }
 
     /// Tensor `name`'s whole value on the host (for export and for leaving the mesh; a sharded
@@ -619,8 +646,9 @@ impl Checkpoint {
     /// to the devices that hold it. The dtype is the saved one.
     ///
     /// # Errors
-    /// [`DTensorError::Checkpoint`] for an unknown name or a rank other than `D`, missing or
-    /// damaged shards; [`DTensorError::Unsupported`] for a partial `layout`;
+    /// [`DTensorError::Checkpoint`] for an unknown name, a rank other than `D`, a tensor of
+    /// another kind than `K` (a float tensor read as `Int`, say), missing or damaged shards;
+    /// [`DTensorError::Unsupported`] for a partial `layout`;
     /// [`DTensorError::UnknownMesh`] for a layout on a mesh of other devices.
     pub fn read<B, const D: usize, K>(&self, name: &str, layout: &Layout) -> Result<Tensor<B, D, K>>
     where
@@ -655,7 +683,7 @@ impl Checkpoint {
         K: DistributedKind<B>,
         <K as BasicOps<B>>::Elem: burn::tensor::Element,
     {
-        self.tensor(name, Some(&shape))?;
+        self.tensor_like(name, &shape, <K as burn::tensor::TensorKind<B>>::name())?;
         layout.check_rank(D)?;
         if layout.is_partial() {
             return Err(DTensorError::Unsupported(format!(
@@ -698,7 +726,8 @@ impl Checkpoint {
     ///
     /// # Errors
     /// [`DTensorError::Checkpoint`] naming the first parameter the checkpoint lacks or holds in
-    /// another shape, or a missing or damaged shard.
+    /// another shape or tensor kind (a dtype of the same kind is converted), or a missing or
+    /// damaged shard.
     pub fn load_module<B: DistributedOps, M: Module<B>>(&self, module: M) -> Result<M> {
         let mut m = Loader {
             ckpt: self,
@@ -824,7 +853,7 @@ impl<B: Backend> WholeLoader<'_, B> {
         let name = self.path.join(".");
         let read = self
             .ckpt
-            .tensor(&name, Some(&t.dims()))
+            .tensor_like(&name, &t.dims(), K::name())
             .and_then(|_| self.ckpt.read_whole(&name));
         match read {
             Ok(mut d) => {

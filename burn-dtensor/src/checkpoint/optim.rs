@@ -169,7 +169,7 @@ impl<B: Backend> StateIo<B> for Whole {
         name: &str,
         like: &Tensor<B, D>,
     ) -> Result<Tensor<B, D>> {
-        ckpt.tensor(name, Some(&like.dims()))?;
+        ckpt.tensor_like(name, &like.dims(), "Float")?;
         let mut d = ckpt.read_whole(name)?;
         if d.dtype != like.dtype() {
             d = d.convert_dtype(like.dtype());

@@ -1,12 +1,16 @@
 //! Reading boxes of a sharded checkpoint's tensors: only the checksum blocks of the saved shards
 //! that overlap the box are read (resharding on load, as PyTorch DCP's load planner and Orbax
-//! do), and each block read is verified against its CRC-32.
+//! do), and each block read is verified against its CRC-32. Each shard file's safetensors
+//! header is read once per opened checkpoint and must agree with `metadata.json` on every shard
+//! read from it.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::fs::File;
+use std::io::Read;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use burn::tensor::{DType, TensorData};
 
@@ -22,10 +26,12 @@ const READ_CHUNK: usize = 16 * BLOCK_BYTES;
 /// in the saved dtype, row-major.
 ///
 /// # Errors
-/// A box outside the tensor or not covered by its shards, a missing or short file, or a block
-/// whose checksum differs ([`crate::DTensorError::Checkpoint`] naming tensor and file).
+/// A box outside the tensor or not covered by its shards, a missing or short file, a shard file
+/// whose header disagrees with the index ([`ShardFileHeader::agrees`]), or a block whose
+/// checksum differs ([`crate::DTensorError::Checkpoint`] naming tensor and file).
 pub(super) fn read_box(
     dir: &Path,
+    headers: &Headers,
     name: &str,
     t: &TensorMetadata,
     ranges: &[Range<usize>],
@@ -42,9 +48,9 @@ pub(super) fn read_box(
     let elem = format::elem_bytes(dtype);
     let sizes: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
     let n: usize = sizes.iter().product();
-    // The shards the box overlaps, and each of their files long enough for the bytes the
-    // metadata gives it there, checked before the box is allocated: the box's bytes exist on
-    // disk. Checked by the files' sizes, so no file stays open (a box may span thousands).
+    // The shards the box overlaps, each checked against its file's header and the file's
+    // length before the box is allocated: the box's bytes exist on disk where both the index
+    // and the file say. No file stays open (a box may span thousands).
     let sources: Vec<&ShardMetadata> = t
         .shards
         .iter()
@@ -56,13 +62,10 @@ pub(super) fn read_box(
                 .all(|(a, b)| a.start.max(b.start) < a.end.min(b.end))
         })
         .collect();
-    let mut ends: BTreeMap<&str, u64> = BTreeMap::new();
     for shard in &sources {
-        let end = ends.entry(shard.file.as_str()).or_default();
-        *end = (*end).max(shard.byte_range.1);
-    }
-    for (file, end) in ends {
-        check_length(dir, name, file, end)?;
+        headers
+            .get(dir, name, &shard.file)?
+            .agrees(dir, name, t, shard)?;
     }
     let mut out = vec![0u8; n * elem];
     let mut covered = 0usize;
@@ -85,26 +88,146 @@ pub(super) fn read_box(
     })
 }
 
-/// Checks that shard file `file` of the checkpoint in `dir` exists and has at least `end`
-/// bytes, the end of the last of tensor `name`'s shards a read needs from it.
-///
-/// # Errors
-/// It cannot be found, or it is shorter (a file cut short).
-fn check_length(dir: &Path, name: &str, file: &str, end: u64) -> Result<()> {
-    let path = dir.join(file);
-    let len = std::fs::metadata(&path)
-        .map(|m| m.len())
-        .map_err(|e| unopened(&path, name, e))?;
-    if len < end {
-        return Err(ckpt_err(
+/// The safetensors headers of an opened checkpoint's shard files, each read on first use and
+/// kept for the life of the [`Checkpoint`](super::Checkpoint) (its clones share them).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Headers(Arc<Mutex<HashMap<String, Arc<ShardFileHeader>>>>);
+
+impl Headers {
+    /// The header of shard file `file` in `dir`, read when first asked for (for tensor `name`,
+    /// which errors name).
+    ///
+    /// # Errors
+    /// The file cannot be opened, or does not start with a safetensors header.
+    fn get(&self, dir: &Path, name: &str, file: &str) -> Result<Arc<ShardFileHeader>> {
+        if let Some(h) = self.0.lock().unwrap_or_else(|e| e.into_inner()).get(file) {
+            return Ok(h.clone());
+        }
+        let h = Arc::new(ShardFileHeader::read(dir, name, file)?);
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(file.to_string(), h.clone());
+        Ok(h)
+    }
+}
+
+/// What a shard file says of itself: its length and its safetensors header (the file's own
+/// index of the shards it holds, <https://github.com/huggingface/safetensors>: an 8-byte
+/// little-endian header length, then the JSON header whose offsets count from its end).
+#[derive(Debug)]
+pub(super) struct ShardFileHeader {
+    /// The file's length in bytes.
+    len: u64,
+    /// Where the shards' bytes start: 8 plus the header's length.
+    data_start: u64,
+    /// The header's entries (`name@offsets` -> dtype, shape, byte range after `data_start`).
+    entries: safetensors::tensor::Metadata,
+}
+
+impl ShardFileHeader {
+    /// The safetensors header's limit on its own length (`safetensors::tensor`'s
+    /// `MAX_HEADER_SIZE`), which bounds what a damaged length field makes a reader allocate.
+    const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+    /// Reads shard file `file`'s length and header (for tensor `name`, which errors name).
+    ///
+    /// # Errors
+    /// It cannot be opened, or does not start with a safetensors header.
+    fn read(dir: &Path, name: &str, file: &str) -> Result<Self> {
+        let path = dir.join(file);
+        let mut f = File::open(&path).map_err(|e| unopened(&path, name, e))?;
+        let len = f.metadata().map_err(|e| unopened(&path, name, e))?.len();
+        let not_safetensors = |why: String| {
+            ckpt_err(
+                &path,
+                format!(
+                    "tensor `{name}`: its shard file is not a safetensors file ({why}); the file \
+                     is damaged or another file took its name: restore it or use an earlier \
+                     checkpoint"
+                ),
+            )
+        };
+        let mut n = [0u8; 8];
+        f.read_exact(&mut n)
+            .map_err(|e| not_safetensors(format!("no header length: {e}")))?;
+        let n = u64::from_le_bytes(n);
+        if n > Self::MAX_HEADER_BYTES || n > len.saturating_sub(8) {
+            return Err(not_safetensors(format!(
+                "a header of {n} bytes in a file of {len}"
+            )));
+        }
+        let mut header = vec![0u8; n as usize];
+        f.read_exact(&mut header)
+            .map_err(|e| not_safetensors(format!("its header cannot be read: {e}")))?;
+        let entries = serde_json::from_slice(&header)
+            .map_err(|e| not_safetensors(format!("its header does not parse: {e}")))?;
+        Ok(Self {
+            len,
+            data_start: 8 + n,
+            entries,
+        })
+    }
+
+    /// Checks that this file holds `shard` of tensor `name` (entry `t`) where `metadata.json`
+    /// says: its header has the entry `name@offsets` with the tensor's dtype, the shard's sizes
+    /// as shape and the shard's byte range, and the file is long enough for it. This catches an
+    /// index and shard files from different saves, and an index edited consistently with its
+    /// checksums (two shards' offsets swapped), which the checksums alone do not.
+    ///
+    /// # Errors
+    /// The entry is missing or differs, or the file ends before the shard does.
+    fn agrees(
+        &self,
+        dir: &Path,
+        name: &str,
+        t: &TensorMetadata,
+        shard: &ShardMetadata,
+    ) -> Result<()> {
+        let path = dir.join(&shard.file);
+        let (start, end) = shard.byte_range;
+        if self.len < end {
+            return Err(ckpt_err(
+                &path,
+                format!(
+                    "tensor `{name}`: its shards end at byte {end} but the file has {} bytes; \
+                     the file is cut short, restore it or use an earlier checkpoint",
+                    self.len
+                ),
+            ));
+        }
+        let entry = format::shard_name(name, &shard.offsets);
+        let found = self.entries.info(&entry).map(|i| {
+            (
+                format!("{:?}", i.dtype),
+                i.shape.clone(),
+                (
+                    self.data_start.saturating_add(i.data_offsets.0 as u64),
+                    self.data_start.saturating_add(i.data_offsets.1 as u64),
+                ),
+            )
+        });
+        let indexed = (t.dtype.clone(), shard.sizes.clone(), (start, end));
+        if found.as_ref() == Some(&indexed) {
+            return Ok(());
+        }
+        let says = match found {
+            None => "has no such entry".to_string(),
+            Some((dtype, shape, (a, b))) => {
+                format!("gives dtype {dtype}, shape {shape:?}, bytes {a}..{b}")
+            }
+        };
+        Err(ckpt_err(
             &path,
             format!(
-                "tensor `{name}`: its shards end at byte {end} but the file has {len} bytes; the \
-                 file is cut short, restore it or use an earlier checkpoint"
+                "tensor `{name}`: metadata.json puts shard `{entry}` (dtype {}, shape {:?}) at \
+                 bytes {start}..{end} of this file, but the file's header {says}; metadata.json \
+                 and the shard files are not from the same save: restore the checkpoint or use \
+                 an earlier one",
+                t.dtype, shard.sizes
             ),
-        ));
+        ))
     }
-    Ok(())
 }
 
 /// The error for a shard file of tensor `name` at `path` that cannot be opened (`e`).

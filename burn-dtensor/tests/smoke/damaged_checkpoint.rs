@@ -93,6 +93,20 @@ fn numbers(v: &serde_json::Value, at: String, out: &mut Vec<String>) {
     }
 }
 
+/// Swaps the offsets of shards `a` and `b` (modulo their count) of the `t`-th tensor (modulo
+/// the count) of `meta`, a `metadata.json`.
+fn swap_offsets(meta: &mut serde_json::Value, t: usize, a: usize, b: usize) {
+    let tensors = meta["tensors"].as_object_mut().unwrap();
+    let n = tensors.len();
+    let shards = tensors.values_mut().nth(t % n).unwrap()["shards"]
+        .as_array_mut()
+        .unwrap();
+    let (a, b) = (a % shards.len(), b % shards.len());
+    let offsets = shards[a]["offsets"].take();
+    shards[a]["offsets"] = shards[b]["offsets"].take();
+    shards[b]["offsets"] = offsets;
+}
+
 /// One damage to a checkpoint.
 #[derive(Debug, Clone)]
 enum Damage {
@@ -103,6 +117,10 @@ enum Damage {
     Truncate { f: usize, keep: usize },
     /// Byte `at` (modulo the length) of shard file `f` XOR-ed with `mask` (non-zero).
     Flip { f: usize, at: usize, mask: u8 },
+    /// The offsets of shards `a` and `b` (modulo their count) of tensor `t` (modulo the count)
+    /// swapped, their byte ranges and checksums kept: an index consistent with itself and with
+    /// the bytes' checksums, which only the shard file's own header contradicts.
+    Swap { t: usize, a: usize, b: usize },
 }
 
 fn damage() -> impl Strategy<Value = Damage> {
@@ -128,6 +146,11 @@ fn damage() -> impl Strategy<Value = Damage> {
             at,
             mask
         }),
+        (any::<usize>(), any::<usize>(), any::<usize>()).prop_map(|(t, a, b)| Damage::Swap {
+            t,
+            a,
+            b
+        }),
     ]
 }
 
@@ -139,10 +162,11 @@ proptest! {
     })]
 
     /// One number of `metadata.json` changed (to 0, 1, a small value, a huge one, or by 1 or
-    /// 2), or a shard file cut short or with a byte flipped: opening and reading the checkpoint
-    /// give the saved values bitwise or a `DTensorError::Checkpoint`, never a panic or other
-    /// values. The metadata is checked on open ([`CheckpointMetadata::check`]), the bytes read
-    /// by their checksums.
+    /// 2), two shards' offsets swapped, or a shard file cut short or with a byte flipped:
+    /// opening and reading the checkpoint give the saved values bitwise or a
+    /// `DTensorError::Checkpoint`, never a panic or other values. The metadata is checked on
+    /// open ([`CheckpointMetadata::check`]), against each shard file's header on read, and the
+    /// bytes read by their checksums.
     #[test]
     fn a_damaged_checkpoint_reads_right_or_fails_typed(damages in prop::collection::vec(damage(), 1..3)) {
         let root = scratch("damaged");
@@ -177,6 +201,7 @@ proptest! {
                     bytes[at % n] ^= mask;
                     std::fs::write(p, &bytes).unwrap();
                 }
+                Damage::Swap { t, a, b } => swap_offsets(&mut meta, t, a, b),
             }
         }
         std::fs::write(&meta_path, serde_json::to_vec(&meta).unwrap()).unwrap();
@@ -241,6 +266,22 @@ fn an_edited_checkpoint_is_refused_on_open() {
     );
     let e = edit(&|m| m["tensors"]["i"]["shape"] = serde_json::json!([u64::MAX, 2]));
     assert!(e.contains("`i`") && e.contains("more elements"), "{e}");
+    // `g`'s first two shards' offsets swapped, their bytes and checksums kept: an index that
+    // tiles the shape and opens, but the shard file's header names those bytes `g@0,0` and
+    // `g@0,4` the other way round (before, `g` read back with its column blocks swapped).
+    let mut swapped = meta.clone();
+    swap_offsets(&mut swapped, 1, 0, 1);
+    assert_eq!(
+        swapped["tensors"]["g"]["shards"][0]["offsets"],
+        serde_json::json!([0, 4])
+    );
+    std::fs::write(&meta_path, serde_json::to_vec(&swapped).unwrap()).unwrap();
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    let e = ckpt.read_whole("g").unwrap_err().to_string();
+    assert!(
+        e.contains("`g`") && e.contains("shard `g@0,4`") && e.contains("not from the same save"),
+        "{e}"
+    );
     // Back as saved, one shard file cut short: the tensors it holds name it, the others read.
     std::fs::write(&meta_path, &original).unwrap();
     let shard = &meta["tensors"]["w"]["shards"][1];
