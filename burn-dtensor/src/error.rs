@@ -155,6 +155,18 @@ pub enum DTensorError {
         /// The module's parameter paths.
         paths: String,
     },
+    /// A layout map applied for one mesh to a module whose parameters live on another.
+    #[error(
+        "parameter `{path}` lives on {on}, but the layout map is applied for mesh {mesh}: create the module on that mesh's device (`Model::new(&DistributedDevice::new(mesh))`) or pass the topology of the mesh the module lives on"
+    )]
+    ModuleOnOtherMesh {
+        /// The parameter's module path.
+        path: String,
+        /// The parameter's device, displayed.
+        on: String,
+        /// The mesh given to [`LayoutMap::apply`](crate::LayoutMap::apply), displayed.
+        mesh: String,
+    },
     /// A layout map rule matched a parameter whose rank differs from the rule's layout.
     #[error(
         "layout map rule `{pattern}` gives {layout_rank} dims but parameter `{path}` has rank {param_rank}"

@@ -49,6 +49,7 @@ use std::path::Path;
 
 use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::Tensor;
+use burn::tensor::backend::Device as _;
 use regex::Regex;
 
 use crate::api::DistributedOps;
@@ -223,8 +224,10 @@ impl LayoutMap {
     /// relaid out. `mesh` is the mesh the module lives on.
     ///
     /// # Errors
-    /// Those of [`LayoutMap::layout_for`], and [`DTensorError::UnmatchedRule`] naming the rules
-    /// that matched nothing together with the module's parameter paths.
+    /// Those of [`LayoutMap::layout_for`], [`DTensorError::ModuleOnOtherMesh`] for a module
+    /// whose parameters live on another mesh than `mesh` (none is changed or materialised from
+    /// that parameter on), and [`DTensorError::UnmatchedRule`] naming the rules that matched
+    /// nothing together with the module's parameter paths.
     pub fn apply<B: DistributedOps, M: Module<B>>(
         &self,
         module: M,
@@ -301,6 +304,19 @@ impl<B: DistributedOps> ModuleMapper<B> for Mapper<'_> {
     }
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let path = self.path.join(".");
+        if self.error.is_some() {
+            return param;
+        }
+        // The parameter's mesh (its device carries the mesh id), without materialising it.
+        let device = param.lazy_device();
+        if device.to_id().index_id != self.mesh.id {
+            self.error = Some(DTensorError::ModuleOnOtherMesh {
+                path,
+                on: format!("{device:?}"),
+                mesh: self.mesh.to_string(),
+            });
+            return param;
+        }
         match self.map.layout_for(&path, D, &self.mesh) {
             Ok((rule, layout)) => {
                 if let Some(i) = rule {

@@ -149,6 +149,27 @@ fn errors_name_the_problem() {
         .apply(m, mesh.topology())
         .unwrap_err();
     assert!(matches!(e, DTensorError::AxisUsedTwice { .. }), "{e}");
+    // Applied for another mesh than the module's (before: a panic inside the relayout), for
+    // lazy parameters and for materialised ones.
+    let other = Mesh::<burn::backend::ndarray::NdArrayDevice>::virtual_devices(
+        [("batch", 4)],
+        Default::default(),
+    )
+    .unwrap();
+    let map = LayoutMap::new()
+        .rule("weight", ["unsharded", "batch"])
+        .unwrap();
+    let (_, lazy) = setup();
+    let materialised = setup().1.fork(&DistributedDevice::new(mesh.clone()));
+    let _ = materialised.dense1.weight.val();
+    for m in [lazy, materialised] {
+        let e = map.apply(m, other.topology()).unwrap_err();
+        assert!(
+            matches!(&e, DTensorError::ModuleOnOtherMesh { path, mesh, .. } if path == "dense1.weight" && mesh == "batch=4"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("batch=2,model=2"), "{e}");
+    }
     assert!(matches!(
         LayoutMap::new().rule("(", ["model"]),
         Err(DTensorError::InvalidRegex { .. })
