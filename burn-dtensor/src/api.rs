@@ -718,7 +718,9 @@ pub fn process_block(layout: &Layout, shape: &[usize]) -> Vec<std::ops::Range<us
 /// # Errors
 /// [`DTensorError::ShardCountMismatch`] when `shards.len()` is not the mesh size,
 /// [`DTensorError::ShardShapeMismatch`] for a shard of the wrong shape,
-/// [`DTensorError::RankMismatch`] when the layout's rank is not `D`.
+/// [`DTensorError::ShardDtypeMismatch`] for a shard of another dtype than the first,
+/// [`DTensorError::RankMismatch`] when the layout's rank is not `D`,
+/// [`DTensorError::UnknownMesh`] when the layout's mesh is not a mesh of `B`'s devices.
 pub fn from_local_shards<B, const D: usize, K>(
     shards: Vec<Tensor<B, D, K>>,
     shape: [usize; D],
@@ -730,6 +732,7 @@ where
     <K as BasicOps<B>>::Elem: burn::tensor::Element,
 {
     layout.check_rank(D)?;
+    mesh_of_layout::<DistributedBackend<B>>(layout)?;
     let n = layout.mesh.local_size();
     if shards.len() != n {
         return Err(DTensorError::ShardCountMismatch {
@@ -738,7 +741,7 @@ where
         });
     }
     let mut prims = Vec::with_capacity(n);
-    for (i, s) in shards.into_iter().enumerate() {
+    for (i, s) in shards.iter().enumerate() {
         let expected = local_shape(layout, &shape, layout.mesh.global(i));
         if s.dims().to_vec() != expected {
             return Err(DTensorError::ShardShapeMismatch {
@@ -748,6 +751,16 @@ where
                 global: shape.to_vec(),
             });
         }
+        // Shards of two dtypes would fail deep inside the inner backend's first op on both.
+        if s.dtype() != shards[0].dtype() {
+            return Err(DTensorError::ShardDtypeMismatch {
+                index: i,
+                found: format!("{:?}", s.dtype()),
+                expected: format!("{:?}", shards[0].dtype()),
+            });
+        }
+    }
+    for s in shards {
         prims.push(s.into_primitive());
     }
     Ok(Tensor::from_primitive(K::from_local_shards(

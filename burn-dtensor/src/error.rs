@@ -127,6 +127,19 @@ pub enum DTensorError {
         /// The global shape.
         global: Vec<usize>,
     },
+    /// A local shard whose dtype differs from the first shard's: a tensor's shards share one
+    /// dtype.
+    #[error(
+        "shard {index} has dtype {found} but shard 0 has {expected}; a tensor's shards share one dtype: cast them to one (`Tensor::cast`)"
+    )]
+    ShardDtypeMismatch {
+        /// Flat device index.
+        index: usize,
+        /// Its dtype, displayed.
+        found: String,
+        /// Shard 0's dtype, displayed.
+        expected: String,
+    },
     /// A mesh description string (`batch=4,model=2`) that does not parse.
     #[error(
         "cannot parse mesh `{spec}`: {reason}; write it as `axis=size,axis=size`, e.g. `batch=4,model=2`"

@@ -21,7 +21,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Distribution, IndexingUpdateOp, Int, Slice, Tensor, TensorData};
 use burn_dtensor::{
     CollectiveKind, DTensorError, DTensorExt, DistributedBackend, DistributedDevice,
-    DistributedOps, Layout, Mesh, ReduceOp, UNSHARDED, distribute, record_comms,
+    DistributedOps, Layout, Mesh, ReduceOp, UNSHARDED, distribute, from_local_shards, record_comms,
 };
 use proptest::prelude::*;
 
@@ -1313,6 +1313,38 @@ fn typed_errors() {
     )
     .unwrap_err();
     assert!(matches!(e, DTensorError::UnknownMesh { .. }), "{e}");
+    // from_local_shards: a layout on a mesh of other devices (before: accepted, then a panic
+    // in the first op), shards of two dtypes (before: a panic inside the inner backend).
+    let dev = Dev::default();
+    let halves = || {
+        vec![
+            Tensor::<N, 2>::from_data(data(&[2, 4], 2), &dev),
+            Tensor::<N, 2>::from_data(data(&[2, 4], 3), &dev),
+        ]
+    };
+    let e = from_local_shards(
+        halves(),
+        [4, 4],
+        &Layout::new(&foreign, ["x", "unsharded"]).unwrap(),
+    )
+    .unwrap_err();
+    assert!(matches!(e, DTensorError::UnknownMesh { .. }), "{e}");
+    let rows = Layout::new(&mesh(1), ["a", "unsharded"]).unwrap();
+    let mut mixed = halves();
+    mixed[1] = mixed[1].clone().cast(burn::tensor::DType::F64);
+    let e = from_local_shards(mixed, [4, 4], &rows).unwrap_err();
+    assert_eq!(
+        e,
+        DTensorError::ShardDtypeMismatch {
+            index: 1,
+            found: "F64".into(),
+            expected: "F32".into()
+        }
+    );
+    let x = from_local_shards(halves(), [4, 4], &rows).unwrap();
+    let mut whole = halves()[0].clone().into_data().to_vec::<f32>().unwrap();
+    whole.extend(halves()[1].clone().into_data().to_vec::<f32>().unwrap());
+    assert_eq!(x.into_data().to_vec::<f32>().unwrap(), whole);
     // Rank mismatches.
     let e = t
         .clone()
