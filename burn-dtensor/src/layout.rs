@@ -259,7 +259,8 @@ impl Layout {
     /// Marks mesh axis `a` as holding a pending `op` reduction.
     ///
     /// # Panics
-    /// When axis `a` also shards a dim (an axis is either sharding or pending, never both).
+    /// When axis `a` also shards a dim (an axis is either sharding or pending, never both), or
+    /// is not an axis of the mesh.
     pub fn with_partial(mut self, a: usize, op: ReduceOp) -> Self {
         assert!(
             self.axis_dim(a).is_none(),
@@ -268,8 +269,52 @@ impl Layout {
         self.partial[a] = Some(op);
         self
     }
-    /// The layout with dim `d` sharded over `axis` (or unsharded with `None`).
-    pub fn with_dim(mut self, d: usize, axis: Option<usize>) -> Self {
+    /// The layout with tensor dim `d` sharded over mesh axis `axis` (its index in the mesh), or
+    /// unsharded with `None`; the other dims as they are.
+    ///
+    /// # Errors
+    /// [`DTensorError::RankMismatch`] when `d` is not a dim of the layout,
+    /// [`DTensorError::UnknownAxis`] when `axis` is not an axis of the mesh,
+    /// [`DTensorError::AxisUsedTwice`] when `axis` already shards another dim,
+    /// [`DTensorError::Unsupported`] when `axis` holds a pending reduction (settle it first).
+    pub fn with_dim(self, d: usize, axis: Option<usize>) -> Result<Self> {
+        if d >= self.rank() {
+            return Err(DTensorError::RankMismatch {
+                layout_rank: self.rank(),
+                tensor_rank: d + 1,
+            });
+        }
+        if let Some(a) = axis {
+            let axes = self.mesh.axes();
+            let Some((name, _)) = axes.get(a) else {
+                return Err(DTensorError::UnknownAxis {
+                    axis: format!("#{a}"),
+                    available: axes
+                        .iter()
+                        .map(|(n, _)| n.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            };
+            if let Some(other) = self.axis_dim(a).filter(|&o| o != d) {
+                return Err(DTensorError::AxisUsedTwice {
+                    axis: name.clone(),
+                    first: other.min(d),
+                    second: other.max(d),
+                });
+            }
+            if self.partial(a).is_some() {
+                return Err(DTensorError::Unsupported(format!(
+                    "mesh axis `{name}` holds a pending reduction and cannot also shard dim {d}: \
+                     settle it first (`without_partial`, or relayout the tensor)"
+                )));
+            }
+        }
+        Ok(self.set_dim(d, axis))
+    }
+    /// [`Layout::with_dim`] unchecked: for the sharding rules, which build valid layouts (an
+    /// intermediate of a chain of calls may not be).
+    pub(crate) fn set_dim(mut self, d: usize, axis: Option<usize>) -> Self {
         self.dims[d] = axis;
         self
     }

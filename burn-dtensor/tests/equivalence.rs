@@ -1345,6 +1345,43 @@ fn typed_errors() {
     let mut whole = halves()[0].clone().into_data().to_vec::<f32>().unwrap();
     whole.extend(halves()[1].clone().into_data().to_vec::<f32>().unwrap());
     assert_eq!(x.into_data().to_vec::<f32>().unwrap(), whole);
+    // with_dim: an axis that already shards another dim (before: accepted, and the tensor
+    // distributed on it read back with zeros in place of its values), an axis that is
+    // pending, an unknown axis or dim; a valid change equals the layout built by name.
+    let xy = Layout::new(&m, ["x", "unsharded"]).unwrap();
+    assert_eq!(
+        xy.clone().with_dim(1, Some(0)).unwrap_err(),
+        DTensorError::AxisUsedTwice {
+            axis: "x".into(),
+            first: 0,
+            second: 1
+        }
+    );
+    let e = xy
+        .clone()
+        .with_partial(1, ReduceOp::Sum)
+        .with_dim(1, Some(1))
+        .unwrap_err();
+    assert!(
+        matches!(&e, DTensorError::Unsupported(m) if m.contains("`y` holds a pending reduction")),
+        "{e}"
+    );
+    assert!(matches!(
+        xy.clone().with_dim(1, Some(2)),
+        Err(DTensorError::UnknownAxis { .. })
+    ));
+    assert!(matches!(
+        xy.clone().with_dim(2, None),
+        Err(DTensorError::RankMismatch { .. })
+    ));
+    assert_eq!(
+        xy.clone().with_dim(1, Some(1)).unwrap(),
+        Layout::new(&m, ["x", "y"]).unwrap()
+    );
+    assert_eq!(
+        xy.with_dim(0, Some(1)).unwrap(),
+        Layout::new(&m, ["y", "unsharded"]).unwrap()
+    );
     // Rank mismatches.
     let e = t
         .clone()

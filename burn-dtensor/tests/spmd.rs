@@ -376,7 +376,7 @@ fn empty_process_mesh<I: burn::tensor::backend::Backend>(device: I::Device, per:
     type D<I> = DistributedBackend<I>;
     let world = spmd::init().unwrap();
     let m = Mesh::spmd([("x", world.size() * per)], vec![device; per]).unwrap();
-    let rows = |r: usize| Layout::replicated(&m, r).with_dim(0, Some(0));
+    let rows = |r: usize| Layout::replicated(&m, r).with_dim(0, Some(0)).unwrap();
     let (dx, dy, dw) = (data([1, 3], 10), data([1, 3], 11), data([3, 2], 12));
     let dc = TensorData::new(
         (0..18).map(|i| (i as f32 - 8.5) / 4.0).collect::<Vec<_>>(),
@@ -441,7 +441,7 @@ fn empty_process_mesh<I: burn::tensor::backend::Backend>(device: I::Device, per:
 fn on_mesh(l: &Layout, m: &Mesh<Dev>) -> Layout {
     let mut out = Layout::replicated(m, l.rank());
     for d in 0..l.rank() {
-        out = out.with_dim(d, l.dim_axis(d));
+        out = out.with_dim(d, l.dim_axis(d)).unwrap();
     }
     for a in 0..m.topology().ndim() {
         if let Some(op) = l.partial(a) {

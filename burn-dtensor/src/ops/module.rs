@@ -534,8 +534,8 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         let back = (s.inputs[1] != ids).then(|| {
             s.output
                 .without_partial()
-                .with_dim(0, ids.dims[0])
-                .with_dim(1, ids.dims[1])
+                .set_dim(0, ids.dims[0])
+                .set_dim(1, ids.dims[1])
         });
         let out = run2::<B, FloatKind, IntKind, FloatKind>(
             weights,

@@ -55,7 +55,7 @@ pub fn select(t: &Layout, indices: &Layout, dim: usize) -> Strategy {
     {
         il.dims[0] = None;
     }
-    let out = tl.clone().with_dim(dim, il.dims[0]);
+    let out = tl.clone().set_dim(dim, il.dims[0]);
     Strategy {
         inputs: vec![tl, il],
         output: out.into(),
@@ -83,7 +83,7 @@ pub fn select_add(t: &Layout, indices: &Layout, dim: usize, sum: bool) -> Strate
                     .partial(a)
                     .is_none_or(|op| op == crate::layout::ReduceOp::Sum) =>
         {
-            let values = tl.clone().with_dim(dim, Some(a));
+            let values = tl.clone().set_dim(dim, Some(a));
             let out = tl.with_partial(a, crate::layout::ReduceOp::Sum);
             Strategy {
                 inputs: vec![out.clone(), il, values],

@@ -83,9 +83,9 @@ pub fn embedding(weights: &Layout, table: &[usize], ids: &Layout, ids_shape: &[u
         }
     }
     let mut out = Layout::replicated_on(&il.mesh, 3)
-        .with_dim(0, il.dims[0])
-        .with_dim(1, il.dims[1])
-        .with_dim(2, wl.dims[1]);
+        .set_dim(0, il.dims[0])
+        .set_dim(1, il.dims[1])
+        .set_dim(2, wl.dims[1]);
     if let Some(a) = wl.dims[0] {
         out = out.with_partial(a, ReduceOp::Sum);
     }
