@@ -303,10 +303,10 @@ impl<B: DistributedOps> ModuleMapper<B> for Mapper<'_> {
         self.path.pop();
     }
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let path = self.path.join(".");
         if self.error.is_some() {
             return param;
         }
+        let path = self.path.join(".");
         // The parameter's mesh (its device carries the mesh id), without materialising it.
         let device = param.lazy_device();
         if device.to_id().index_id != self.mesh.id {
