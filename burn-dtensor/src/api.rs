@@ -646,12 +646,7 @@ where
             global: shape.to_vec(),
         });
     }
-    let mesh = crate::Mesh::<B::Device>::from_registry(layout.mesh.id).ok_or_else(|| {
-        DTensorError::UnknownMesh {
-            mesh: layout.mesh.to_string(),
-            backend: std::any::type_name::<B>().to_string(),
-        }
-    })?;
+    let mesh = mesh_of_layout::<DistributedBackend<B>>(layout)?;
     let topo = &layout.mesh;
     let mut shards = Vec::with_capacity(topo.local_size());
     for (j, device) in mesh.devices().iter().enumerate() {

@@ -285,16 +285,8 @@ impl Layout {
             });
         }
         if let Some(a) = axis {
-            let axes = self.mesh.axes();
-            let Some((name, _)) = axes.get(a) else {
-                return Err(DTensorError::UnknownAxis {
-                    axis: format!("#{a}"),
-                    available: axes
-                        .iter()
-                        .map(|(n, _)| n.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                });
+            let Some((name, _)) = self.mesh.axes().get(a) else {
+                return Err(self.mesh.unknown_axis(format!("#{a}")));
             };
             if let Some(other) = self.axis_dim(a).filter(|&o| o != d) {
                 return Err(DTensorError::AxisUsedTwice {

@@ -85,15 +85,20 @@ impl MeshTopology {
         self.axes
             .iter()
             .position(|(n, _)| n == name)
-            .ok_or_else(|| DTensorError::UnknownAxis {
-                axis: name.to_string(),
-                available: self
-                    .axes
-                    .iter()
-                    .map(|(n, _)| n.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })
+            .ok_or_else(|| self.unknown_axis(name.to_string()))
+    }
+    /// The error for `axis` (a name, or `#i` for an index), which this mesh lacks: it lists
+    /// the mesh's axes.
+    pub(crate) fn unknown_axis(&self, axis: String) -> DTensorError {
+        DTensorError::UnknownAxis {
+            axis,
+            available: self
+                .axes
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
     }
     /// Whether the mesh spans several processes ([`Mesh::spmd`] in a world of more than one).
     pub fn is_multi_process(&self) -> bool {
