@@ -568,7 +568,10 @@ fn dtype_name(d: burn::tensor::DType) -> String {
 /// Sends host data to the mesh with each device receiving only its own chunk under `layout`
 /// (TensorFlow DTensor's `pack` of a host batch, JAX's `device_put` with a `NamedSharding`): no
 /// device ever holds the whole tensor unless the layout replicates it. The kind (float, int or
-/// bool) is the result type's; the mesh is the layout's.
+/// bool) is the result type's; the mesh is the layout's; the dtype is the one Burn's
+/// `Tensor::from_data(data, &device)` gives on the mesh's device (its default for the kind,
+/// `f32` / `i64` unless set with [`burn::tensor::set_default_dtypes`]), `data` converted as Burn
+/// converts it: `distribute(data, layout)` is `Tensor::from_data(data, &device)` relaid out.
 ///
 /// `data` has the **global** shape; device `i` receives
 /// [`Layout::shard_ranges`]`(shape, i)` of it.
@@ -605,7 +608,33 @@ where
             tensor_rank: data.rank(),
         });
     }
+    let mesh = mesh_of_layout::<B>(layout)?;
+    let data = creation_data::<B, K>(data, &mesh);
     Ok(Tensor::from_primitive(K::distribute(data, layout)?))
+}
+
+/// `data` in the dtype Burn's `Tensor::<B, D, K>::from_data(data, &device)` gives a tensor on the
+/// mesh's device (`DistributedDevice::new(mesh)`): its default dtype for the kind
+/// ([`burn::tensor::set_default_dtypes`]; `f32` and `i64` unless set), converted as Burn
+/// converts. Quantized data is kept as it is, as Burn keeps it. Without this, float data given
+/// for an `Int` tensor, say, made an `Int` tensor of a float dtype.
+fn creation_data<B: DistributedOps, K: BasicOps<B>>(
+    data: TensorData,
+    mesh: &Mesh<InnerDevice<B>>,
+) -> TensorData {
+    if matches!(data.dtype, burn::tensor::DType::QFloat(_)) {
+        return data;
+    }
+    let device = crate::DistributedDevice::new(mesh.clone());
+    // The settings are keyed by device, which `DistributedBackend<I>` and `Autodiff` over it
+    // share: the same policy `Tensor::from_data` reads for `B`.
+    let s = burn::tensor::get_device_settings::<DistributedBackend<B::Inner>>(&device);
+    let dtype = match K::name() {
+        "Float" => s.float_dtype.into(),
+        "Int" => s.int_dtype.into(),
+        _ => s.bool_dtype.into(),
+    };
+    data.convert_dtype(dtype)
 }
 
 /// Builds a distributed tensor of global shape `shape` from **this process's part** of the
@@ -613,7 +642,7 @@ where
 /// `repack_local_tensor`): in an SPMD run ([`crate::Mesh::spmd`]) each process passes only the
 /// box of the global tensor its mesh positions cover ([`process_block`]), e.g. its slice of the
 /// global batch, and no process ever holds the whole tensor. In one process the block is the
-/// whole tensor and this is [`distribute`].
+/// whole tensor and this is [`distribute`] (the same dtype too).
 ///
 /// # Errors
 /// [`DTensorError::ShardShapeMismatch`] (with `index` this process's rank) when `local` is not
@@ -647,6 +676,9 @@ where
         });
     }
     let mesh = mesh_of_layout::<DistributedBackend<B>>(layout)?;
+    // The dtype `distribute` gives (Burn's creation rule on the mesh's device), for every shard.
+    let local = creation_data::<DistributedBackend<B>, K>(local, &mesh);
+    let dtype = local.dtype;
     let topo = &layout.mesh;
     let mut shards = Vec::with_capacity(topo.local_size());
     for (j, device) in mesh.devices().iter().enumerate() {
@@ -657,7 +689,7 @@ where
             .map(|(r, b)| r.start - b.start..r.end - b.start)
             .collect();
         let chunk = crate::host::extract(&local, &ranges)?;
-        shards.push(Tensor::<B, D, K>::from_data(chunk, device));
+        shards.push(Tensor::<B, D, K>::from_data(chunk, (device, dtype)));
     }
     from_local_shards(shards, shape, layout)
 }

@@ -1473,6 +1473,67 @@ fn typed_errors() {
     check("after errors", t, orc::<2>(&data(&[4, 4], 1)));
 }
 
+/// `distribute` and `distribute_local` create what Burn's `Tensor::from_data` creates on the
+/// mesh's device (dtype and bytes), for data of every kind given to every kind, on stacked and
+/// per-device meshes, sharded and replicated; the bytes are the inner backend's `from_data`'s
+/// on the whole data. Before, `distribute` kept the data's dtype: float data made an `Int`
+/// tensor of dtype `F64`, int data a `Float` tensor of dtype `I64`.
+#[test]
+fn distribute_creates_what_from_data_creates() {
+    use burn::tensor::{BasicOps, Float};
+    fn each<K>(m: &Mesh<Dev>, d: &TensorData, what: &str)
+    where
+        K: burn_dtensor::DistributedKind<DB> + BasicOps<N>,
+        <K as BasicOps<N>>::Elem: burn::tensor::Element,
+    {
+        let device = DistributedDevice::new(m.clone());
+        let want = Tensor::<DB, 2, K>::from_data(d.clone(), &device).into_data();
+        let inner = Tensor::<N, 2, K>::from_data(d.clone(), &Dev::default()).into_data();
+        assert_eq!(want, inner, "{what}: the oracle");
+        let dims: Vec<usize> = d.shape.to_vec();
+        for spec in [[UNSHARDED, UNSHARDED], ["x", "y"], ["y", UNSHARDED]] {
+            let spec = spec.map(|s| {
+                if m.topology().axes().len() < 2 {
+                    UNSHARDED
+                } else {
+                    s
+                }
+            });
+            let l = Layout::new(m, spec).unwrap();
+            let got = distribute::<DB, 2, K>(d.clone(), &l).unwrap();
+            assert_eq!(got.layout(), l);
+            assert_eq!(got.into_data(), want, "{what} distribute on {l}");
+            let local =
+                burn_dtensor::distribute_local::<N, 2, K>(d.clone(), [dims[0], dims[1]], &l)
+                    .unwrap();
+            assert_eq!(local.into_data(), want, "{what} distribute_local on {l}");
+        }
+    }
+    let n = 6 * 4;
+    let given = [
+        TensorData::new(
+            (0..n).map(|i| i as f64 * 0.75 - 3.0).collect::<Vec<_>>(),
+            [6, 4],
+        ),
+        TensorData::new(
+            (0..n).map(|i| i as f32 * 0.5 - 2.0).collect::<Vec<_>>(),
+            [6, 4],
+        ),
+        TensorData::new((0..n).map(|i| i as i64 - 7).collect::<Vec<_>>(), [6, 4]),
+        TensorData::new((0..n).map(|i| i as i32 % 3).collect::<Vec<_>>(), [6, 4]),
+        TensorData::new((0..n).map(|i| i % 3 == 0).collect::<Vec<_>>(), [6, 4]),
+    ];
+    for mi in [5, 5 + MESHES.len()] {
+        let m = mesh(mi); // x=2, y=4: stacked, then per device
+        for d in &given {
+            let what = format!("{:?} data on {m}", d.dtype);
+            each::<Float>(&m, d, &format!("Float from {what}"));
+            each::<Int>(&m, d, &format!("Int from {what}"));
+            each::<Bool>(&m, d, &format!("Bool from {what}"));
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Communication
 // ---------------------------------------------------------------------------------------------
