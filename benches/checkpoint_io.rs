@@ -52,7 +52,7 @@ fn worker(root: &Path) {
     }
     world.barrier();
     // Each process makes only its rows.
-    let block = process_block(&rows, &[side, side]);
+    let block = process_block(&rows, &[side, side]).unwrap();
     let n = block[0].len() * side;
     let tensors: Vec<Tensor<DB, 2>> = (0..TENSORS)
         .map(|t| {

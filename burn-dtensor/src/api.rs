@@ -665,7 +665,7 @@ where
                 .into(),
         ));
     }
-    let block = process_block(layout, &shape);
+    let block = process_block(layout, &shape)?;
     let lens: Vec<usize> = block.iter().map(|r| r.len()).collect();
     if local.shape.to_vec() != lens {
         return Err(DTensorError::ShardShapeMismatch {
@@ -697,9 +697,13 @@ where
 /// The box of a global tensor of `shape` that this process's mesh positions cover under
 /// `layout` (one range per dim; the whole tensor in one process): what it passes to
 /// [`distribute_local`].
-pub fn process_block(layout: &Layout, shape: &[usize]) -> Vec<std::ops::Range<usize>> {
+///
+/// # Errors
+/// [`DTensorError::RankMismatch`] when `shape` does not have the layout's rank.
+pub fn process_block(layout: &Layout, shape: &[usize]) -> Result<Vec<std::ops::Range<usize>>> {
+    layout.check_rank(shape.len())?;
     let topo = &layout.mesh;
-    (0..shape.len())
+    Ok((0..shape.len())
         .map(|d| {
             let ranges = (0..topo.local_size())
                 .map(|j| layout.shard_ranges(shape, topo.global(j))[d].clone());
@@ -707,7 +711,7 @@ pub fn process_block(layout: &Layout, shape: &[usize]) -> Vec<std::ops::Range<us
             let end = ranges.map(|r| r.end).max().unwrap_or(0);
             start..end.max(start)
         })
-        .collect()
+        .collect())
 }
 
 /// Builds a distributed tensor of global shape `shape` from one inner tensor per mesh device

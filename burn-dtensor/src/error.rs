@@ -62,9 +62,11 @@ pub enum DTensorError {
         /// How large, against which limit.
         reason: String,
     },
-    /// A mesh axis of size zero, or an empty axis name.
+    /// A mesh axis of size zero, or an axis name that is empty, `unsharded`, or holds whitespace
+    /// or one of `,=@[]` (the characters of the mesh spec and of a tensor's description).
     #[error(
-        "invalid mesh axis `{axis}` of size {size}: axis names must be non-empty and sizes at least 1"
+        "invalid mesh axis `{axis}` of size {size}: axis names must be non-empty, not `unsharded`, \
+         without whitespace or any of `,=@[]` (e.g. `batch`, `model_2`), and sizes at least 1"
     )]
     InvalidAxis {
         /// Axis name.

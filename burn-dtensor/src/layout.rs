@@ -176,14 +176,17 @@ impl Layout {
     /// Dim 0 sharded over `axis`, the rest unsharded (TensorFlow DTensor's `Layout.batch_sharded`).
     ///
     /// # Errors
-    /// [`DTensorError::UnknownAxis`].
+    /// [`DTensorError::UnknownAxis`]; [`DTensorError::RankMismatch`] for `rank` 0 (a scalar has
+    /// no batch dim: its layout is [`Layout::replicated`]).
     pub fn batch_sharded<D>(mesh: &Mesh<D>, axis: &str, rank: usize) -> Result<Self> {
         let a = mesh.topology().axis_index(axis)?;
-        let mut l = Self::replicated(mesh, rank);
-        if rank > 0 {
-            l.dims[0] = Some(a);
+        if rank == 0 {
+            return Err(DTensorError::RankMismatch {
+                layout_rank: 1,
+                tensor_rank: 0,
+            });
         }
-        Ok(l)
+        Ok(Self::replicated(mesh, rank).set_dim(0, Some(a)))
     }
 
     /// The layout with the given tensor dims removed (TensorFlow DTensor's `Layout.delete`), e.g.
@@ -256,18 +259,57 @@ impl Layout {
             .zip(&self.partial)
             .all(|(i, o)| i.is_none() || i == o)
     }
-    /// Marks mesh axis `a` as holding a pending `op` reduction.
+    /// Marks mesh axis `a` (its index in the mesh) as holding a pending `op` reduction. The
+    /// checked form, by axis name, is [`Layout::with_partial_on`].
     ///
     /// # Panics
     /// When axis `a` also shards a dim (an axis is either sharding or pending, never both), or
     /// is not an axis of the mesh.
     pub fn with_partial(mut self, a: usize, op: ReduceOp) -> Self {
         assert!(
+            a < self.mesh.ndim(),
+            "mesh axis {a} is not an axis of the mesh {} (axes 0..{})",
+            self.mesh,
+            self.mesh.ndim()
+        );
+        assert!(
             self.axis_dim(a).is_none(),
             "mesh axis {a} cannot be both sharding and partial"
         );
         self.partial[a] = Some(op);
         self
+    }
+    /// The layout with mesh axis `axis` holding a pending `op` reduction (PyTorch's
+    /// `Partial(op)` placement on that mesh dim): each shard holds a term, and the tensor's
+    /// value is their reduction over the axis.
+    ///
+    /// ```
+    /// use burn_dtensor::{DTensorError, Layout, Mesh, ReduceOp};
+    ///
+    /// let mesh = Mesh::virtual_devices([("batch", 2), ("model", 2)], ())?;
+    /// let l = Layout::new(&mesh, ["batch", "unsharded"])?.with_partial_on("model", ReduceOp::Sum)?;
+    /// assert_eq!(l.to_string(), "[batch, unsharded]{partial sum@model} on batch=2,model=2");
+    /// assert_eq!(l.partial(1), Some(ReduceOp::Sum));
+    /// assert!(matches!(
+    ///     Layout::new(&mesh, ["batch", "unsharded"])?.with_partial_on("batch", ReduceOp::Sum),
+    ///     Err(DTensorError::Unsupported(_))
+    /// ));
+    /// # Ok::<(), DTensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`DTensorError::UnknownAxis`] when the mesh has no axis `axis`;
+    /// [`DTensorError::Unsupported`] when `axis` shards a dim of the layout (an axis is either
+    /// sharding or pending, never both).
+    pub fn with_partial_on(self, axis: &str, op: ReduceOp) -> Result<Self> {
+        let a = self.mesh.axis_index(axis)?;
+        if let Some(d) = self.axis_dim(a) {
+            return Err(DTensorError::Unsupported(format!(
+                "mesh axis `{axis}` shards dim {d} of the layout {self} and cannot also hold a \
+                 pending reduction: unshard that dim first (`with_dim({d}, None)`)"
+            )));
+        }
+        Ok(self.with_partial(a, op))
     }
     /// The layout with tensor dim `d` sharded over mesh axis `axis` (its index in the mesh), or
     /// unsharded with `None`; the other dims as they are.
@@ -324,12 +366,37 @@ impl Layout {
     /// The range of each global dim that mesh device `device` (flat index, row-major) holds
     /// of a tensor of global shape `shape` under this layout: the whole extent on unsharded
     /// dims, its chunk on sharded ones (chunk semantics, see [`Layout`]; possibly empty).
+    ///
+    /// # Panics
+    /// When `shape` does not have the layout's rank, or `device` is not below the mesh size
+    /// (as an index out of bounds would; [`Layout::check_rank`] checks the rank first).
     pub fn shard_ranges(&self, shape: &[usize], device: usize) -> Vec<std::ops::Range<usize>> {
+        self.assert_shard_of(shape, device);
         local_ranges(self, shape, device)
     }
     /// The per-shard shape of mesh device `device` (the lengths of [`Layout::shard_ranges`]).
+    ///
+    /// # Panics
+    /// As [`Layout::shard_ranges`].
     pub fn shard_shape(&self, shape: &[usize], device: usize) -> Vec<usize> {
+        self.assert_shard_of(shape, device);
         local_shape(self, shape, device)
+    }
+    /// The checks of [`Layout::shard_ranges`]: without them a wrong rank or device gave ranges
+    /// of another shard, or of fewer dims, without a word.
+    fn assert_shard_of(&self, shape: &[usize], device: usize) {
+        assert!(
+            shape.len() == self.rank(),
+            "shape {shape:?} has rank {}, the layout {self} has {} dims",
+            shape.len(),
+            self.rank()
+        );
+        assert!(
+            device < self.mesh.size(),
+            "device {device} is not a position of the mesh {} ({} devices)",
+            self.mesh,
+            self.mesh.size()
+        );
     }
     /// Checks that this layout fits a tensor of the given rank.
     ///

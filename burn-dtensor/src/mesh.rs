@@ -266,7 +266,8 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
     /// # Errors
     /// - [`DTensorError::DeviceCountMismatch`] when `devices.len()` is not the product of the sizes;
     /// - [`DTensorError::DuplicateMeshAxis`] when an axis name repeats;
-    /// - [`DTensorError::InvalidAxis`] for an empty name or a size of 0;
+    /// - [`DTensorError::InvalidAxis`] for a size of 0, or a name that is empty, `unsharded`, or
+    ///   holds whitespace or one of `,=@[]`;
     /// - [`DTensorError::MeshTooLarge`] when the product of the sizes overflows `usize`.
     pub fn new<S: Into<String>>(
         axes: impl IntoIterator<Item = (S, usize)>,
@@ -537,10 +538,17 @@ impl<D> fmt::Display for Mesh<D> {
     }
 }
 
-/// Axis names non-empty, distinct and not `unsharded`; sizes positive.
+/// The characters an axis name may not hold: those of the textual forms that name axes (the
+/// mesh spec `batch=4,model=2`, a tensor's description `f32[8@batch, 3]`), and whitespace.
+const AXIS_NAME_RESERVED: &[char] = &[',', '=', '@', '[', ']'];
+
+/// Axis names non-empty, distinct, not `unsharded`, without whitespace or
+/// [`AXIS_NAME_RESERVED`] characters; sizes positive.
 fn check_axes(axes: &[(String, usize)]) -> Result<()> {
     for (i, (n, s)) in axes.iter().enumerate() {
-        if n.is_empty() || *s == 0 || n == UNSHARDED {
+        let reserved =
+            |c: char| c.is_whitespace() || c.is_control() || AXIS_NAME_RESERVED.contains(&c);
+        if n.is_empty() || *s == 0 || n == UNSHARDED || n.contains(reserved) {
             return Err(DTensorError::InvalidAxis {
                 axis: n.clone(),
                 size: *s,
@@ -599,8 +607,18 @@ pub fn parse_axes(spec: &str) -> Result<Vec<(String, usize)>> {
         spec: spec.to_string(),
         reason,
     };
+    if spec.trim().is_empty() {
+        return Err(err("no axes".into()));
+    }
     let mut out = Vec::new();
-    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+    for (i, part) in spec.split(',').map(str::trim).enumerate() {
+        if part.is_empty() {
+            return Err(err(format!(
+                "axis {} is empty (two commas in a row, or a comma at an end): write \
+                 `name=size` between commas, e.g. `batch=4,model=2`",
+                i + 1
+            )));
+        }
         let (name, size) = part
             .split_once('=')
             .ok_or_else(|| err(format!("`{part}` has no `=`")))?;
@@ -612,9 +630,6 @@ pub fn parse_axes(spec: &str) -> Result<Vec<(String, usize)>> {
             ))
         })?;
         out.push((name.trim().to_string(), size));
-    }
-    if out.is_empty() {
-        return Err(err("no axes".into()));
     }
     Ok(out)
 }

@@ -1419,6 +1419,83 @@ fn typed_errors() {
         Layout::batch_sharded(&m, "batch", 2),
         Err(DTensorError::UnknownAxis { .. })
     ));
+    // A scalar has no batch dim (before: the replicated scalar layout, without a word).
+    assert_eq!(
+        Layout::batch_sharded(&m, "x", 0).unwrap_err(),
+        DTensorError::RankMismatch {
+            layout_rank: 1,
+            tensor_rank: 0
+        }
+    );
+    // A pending reduction by axis name: the layout `with_partial` builds by index, and typed
+    // errors for an unknown axis or one that shards a dim (`with_partial` panics there).
+    let rows = Layout::new(&m, ["x", UNSHARDED]).unwrap();
+    assert_eq!(
+        rows.clone().with_partial_on("y", ReduceOp::Max).unwrap(),
+        rows.clone().with_partial(1, ReduceOp::Max)
+    );
+    let e = rows
+        .clone()
+        .with_partial_on("model", ReduceOp::Sum)
+        .unwrap_err();
+    assert!(
+        matches!(&e, DTensorError::UnknownAxis { axis, available } if axis == "model" && available == "x, y"),
+        "{e}"
+    );
+    let e = rows
+        .clone()
+        .with_partial_on("x", ReduceOp::Sum)
+        .unwrap_err();
+    assert!(
+        matches!(&e, DTensorError::Unsupported(m) if m.contains("`x` shards dim 0")),
+        "{e}"
+    );
+    // A shard's ranges for a shape of another rank, or a device past the mesh: a panic naming
+    // it, documented (before: the ranges of fewer dims, or of another device, without a word).
+    let message = |f: &dyn Fn()| {
+        let p = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_err();
+        p.downcast_ref::<String>().cloned().unwrap_or_default()
+    };
+    let m1 = message(&|| drop(rows.shard_ranges(&[4], 0)));
+    assert!(m1.contains("shape [4] has rank 1"), "{m1}");
+    let m2 = message(&|| drop(rows.shard_shape(&[4, 4], 8)));
+    assert!(m2.contains("device 8 is not a position"), "{m2}");
+    assert_eq!(rows.shard_ranges(&[5, 3], 7), vec![3..5, 0..3]);
+    // A process's block of a shape of another rank (before: the block of the dims given).
+    assert_eq!(
+        burn_dtensor::process_block(&rows, &[4]).unwrap_err(),
+        DTensorError::RankMismatch {
+            layout_rank: 2,
+            tensor_rank: 1
+        }
+    );
+    // Mesh specs with an empty axis (before: skipped, `a=2,,b=1` was the mesh `a=2,b=1`), and
+    // axis names holding the characters of the textual forms (before: `a b=2` made an axis
+    // `a b`, and a tensor's description `f32[4@a b]`).
+    for spec in ["x=2,,y=4", "x=2,y=4,", ",x=2,y=4"] {
+        let e = Mesh::parse(spec, vec![Dev::default(); 8]).unwrap_err();
+        assert!(
+            matches!(&e, DTensorError::MeshParse { reason, .. } if reason.contains("is empty")),
+            "{spec}: {e}"
+        );
+    }
+    for name in ["a b", "a,b", "a=b", "a@b", "a[0]", "\tx"] {
+        let e = Mesh::new([(name, 2)], vec![Dev::default(); 2]).unwrap_err();
+        assert_eq!(
+            e,
+            DTensorError::InvalidAxis {
+                axis: name.into(),
+                size: 2
+            },
+            "{name:?}"
+        );
+    }
+    assert!(matches!(
+        Mesh::parse("a b=2", vec![Dev::default(); 2]),
+        Err(DTensorError::InvalidAxis { .. })
+    ));
+    let named = Mesh::parse(" data_0 = 2 , model-1=1 ", vec![Dev::default(); 2]).unwrap();
+    assert_eq!(named.to_string(), "data_0=2,model-1=1");
     // A mesh whose device count does not match its axes.
     let e = Mesh::new([("x", 2), ("y", 4)], vec![Dev::default(); 6]).unwrap_err();
     assert!(
@@ -1509,7 +1586,7 @@ fn distribute_creates_what_from_data_creates() {
             assert_eq!(local.into_data(), want, "{what} distribute_local on {l}");
         }
     }
-    let n = 6 * 4;
+    let n = 6 * 4usize;
     let given = [
         TensorData::new(
             (0..n).map(|i| i as f64 * 0.75 - 3.0).collect::<Vec<_>>(),

@@ -691,7 +691,7 @@ fn process_local_input_across_processes() {
         for l in layouts(&m).into_iter().filter(|l| !l.is_partial()) {
             for shape in [[5, 3], [8, 6], [2, 7]] {
                 let d = data(shape, 9);
-                let block = burn_dtensor::process_block(&l, &shape);
+                let block = burn_dtensor::process_block(&l, &shape).unwrap();
                 let v: Vec<f32> = d.to_vec().unwrap();
                 let local = TensorData::new(
                     extract(&v, &shape, &block),
