@@ -76,7 +76,7 @@ pub enum DTensorError {
     },
     /// Redistribution or an op between tensors that live on different meshes.
     #[error(
-        "mesh mismatch: cannot relayout from mesh {from} to mesh {to}; layouts of one tensor must share its mesh (gather to the host with `into_data` and `distribute` onto the new mesh instead)"
+        "mesh mismatch: cannot relayout from mesh {from} to mesh {to}; layouts of one tensor must share its mesh (move the tensor to the other mesh with `tensor.to_device(&DistributedDevice::new(mesh))`, then relayout it there)"
     )]
     MeshMismatch {
         /// Source mesh, displayed.

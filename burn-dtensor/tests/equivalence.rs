@@ -1550,6 +1550,81 @@ fn typed_errors() {
     check("after errors", t, orc::<2>(&data(&[4, 4], 1)));
 }
 
+/// Ops whose operands live on two meshes panic naming both meshes and the move that fixes it
+/// (ops cannot return errors, as in Burn), whatever the op family. Before: an embedding with
+/// its table on `x=2,y=4` and its ids on `r=4,c=2` returned **wrong rows without a word** (the
+/// second and fourth rows of ids looked up as the first and third), on `batch=2,model=2` and
+/// `x=4` it panicked on an index out of bounds inside its rule, with the table on one device
+/// on an internal "per-device shards expected"; `cat` and `conv2d` named a relayout the user
+/// never asked for.
+#[test]
+fn operands_on_two_meshes_are_refused_by_name() {
+    use burn::tensor::module::{conv2d, embedding};
+    use burn::tensor::ops::ConvOptions;
+    let (m1, m2) = (mesh(5), mesh(6)); // x=2,y=4 and r=4,c=2
+    let (d1, d2) = (
+        DistributedDevice::new(m1.clone()),
+        DistributedDevice::new(m2.clone()),
+    );
+    let one = DistributedDevice::new(Mesh::single(Dev::default()));
+    let ids = |d: &DistributedDevice<Dev>, m: &Mesh<Dev>| {
+        let t = Tensor::<DB, 2, Int>::from_data([[0, 1, 2], [2, 1, 0], [1, 1, 1], [0, 0, 2]], d);
+        let spec = if m.size() > 1 {
+            [m.topology().axis_name(0), UNSHARDED]
+        } else {
+            [UNSHARDED; 2]
+        };
+        t.relayout(&Layout::new(m, spec).unwrap()).unwrap()
+    };
+    let table = |d: &DistributedDevice<Dev>| Tensor::<DB, 2>::from_data(data(&[3, 4], 1), d);
+    let x = |d: &DistributedDevice<Dev>| Tensor::<DB, 4>::from_data(data(&[2, 2, 4, 4], 2), d);
+    let w = |d: &DistributedDevice<Dev>| Tensor::<DB, 4>::from_data(data(&[2, 2, 3, 3], 3), d);
+    let cases: Vec<(&str, Box<dyn Fn()>)> = vec![
+        (
+            "embedding",
+            Box::new(|| drop(embedding(table(&d1), ids(&d2, &m2)).into_data())),
+        ),
+        (
+            "embedding, table on one device",
+            Box::new(|| drop(embedding(table(&one), ids(&d2, &m2)).into_data())),
+        ),
+        (
+            "conv2d",
+            Box::new(|| {
+                let o = ConvOptions::new([1, 1], [1, 1], [1, 1], 1);
+                drop(conv2d(x(&d1), w(&d2), None, o).into_data())
+            }),
+        ),
+        (
+            "cat",
+            Box::new(|| drop(Tensor::cat(vec![table(&d1), table(&d2)], 0).into_data())),
+        ),
+        (
+            "mask_where",
+            Box::new(|| {
+                let t = table(&d1);
+                drop(
+                    t.clone()
+                        .mask_where(table(&d2).greater_elem(0.0), t)
+                        .into_data(),
+                )
+            }),
+        ),
+    ];
+    for (what, f) in cases {
+        let p = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_err();
+        let msg = p.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(
+            msg.contains("operands live on different meshes") && msg.contains("to_device"),
+            "{what}: {msg}"
+        );
+    }
+    // The move the message names works: the result is the one-mesh op's.
+    let moved = embedding(table(&d1).to_device(&d2), ids(&d2, &m2));
+    let want = embedding(table(&d1), ids(&d1, &m1));
+    assert_eq!(moved.into_data(), want.into_data());
+}
+
 /// `distribute` and `distribute_local` create what Burn's `Tensor::from_data` creates on the
 /// mesh's device (dtype and bytes), for data of every kind given to every kind, on stacked and
 /// per-device meshes, sharded and replicated; the bytes are the inner backend's `from_data`'s

@@ -20,7 +20,8 @@ use crate::{DistributedDevice, host};
 pub fn same_mesh(a: &Layout, b: &Layout) {
     if a.mesh.id != b.mesh.id {
         panic!(
-            "burn-dtensor: operands live on different meshes ({} and {}); move one with `into_data` + `distribute`",
+            "burn-dtensor: operands live on different meshes ({} and {}); move one onto the other's \
+             mesh with `tensor.to_device(&DistributedDevice::new(mesh))`",
             a.mesh, b.mesh
         );
     }
@@ -983,6 +984,7 @@ pub fn select_assign<B: Backend, K: Kind<B>, KI: Kind<B>>(
 
 /// `cat(tensors, dim)`: `dim` whole, other dims aligned with the first tensor.
 pub fn cat<B: Backend, K: Kind<B>>(ts: Vec<DTensor<K::P>>, dim: usize) -> DTensor<K::P> {
+    ts.iter().for_each(|t| same_mesh(&ts[0].layout, &t.layout));
     let s = index::cat(&ts.iter().map(|t| &*t.layout).collect::<Vec<_>>(), dim);
     let mut shape = ts[0].shape.clone();
     shape[dim] = ts.iter().map(|t| t.shape[dim]).sum();

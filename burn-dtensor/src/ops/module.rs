@@ -29,7 +29,10 @@ use crate::tensor::{BoolKind, DTensor, FloatKind, IntKind, Kind};
 type FT<B> = DTensor<<B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive>;
 
 /// Brings `t` to the layout: dim 0 as `x`'s (when `batched`) or replicated, all else whole.
+/// Every operand of a batch-parallel op passes here, so this is where an operand on another
+/// mesh than `x` is refused ([`c::same_mesh`]).
 fn prep<B: Backend, K: Kind<B>>(t: DTensor<K::P>, x: &Layout, batched: bool) -> DTensor<K::P> {
+    c::same_mesh(x, &t.layout);
     let s = batch_parallel(x, &[batched], &[t.shape.len()], 0);
     execute::<B, K>(t, &s.inputs[0])
 }
@@ -516,6 +519,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
     /// The rule `rules::module::embedding`: the lookup of each device's own ids (in
     /// its own rows of a vocabulary-parallel table).
     fn embedding(weights: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> {
+        c::same_mesh(&weights.layout, &indices.layout);
         if is_solo(&weights) {
             return solo_map(weights, |w| B::embedding(w, only(indices)));
         }
@@ -573,6 +577,8 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         output_grad: FloatTensor<Self>,
         indices: IntTensor<Self>,
     ) -> FloatTensor<Self> {
+        c::same_mesh(&weights.layout, &indices.layout);
+        c::same_mesh(&weights.layout, &output_grad.layout);
         if is_solo(&weights) {
             return solo_map(weights, |w| {
                 B::embedding_backward(w, only(output_grad), only(indices))
