@@ -99,7 +99,8 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
     ///
     /// # Errors
     /// [`DTensorError::UnknownAxis`] for a name the mesh lacks, [`DTensorError::AxisUsedTwice`]
-    /// when an axis shards two dims.
+    /// when an axis shards two dims, [`DTensorError::TooManyMeshes`] (see
+    /// [`crate::MAX_MESHES`]).
     pub fn with_creation_sharding<S: AsRef<str>>(
         &self,
         spec: impl IntoIterator<Item = S>,
@@ -109,12 +110,12 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
         while creation.last() == Some(&None) {
             creation.pop();
         }
-        Ok(Self::intern(
+        Self::try_intern(
             self.topo.axes.clone(),
             self.devices.to_vec(),
             self.topo.stacked,
             creation,
             self.topo.grid.clone(),
-        ))
+        )
     }
 }

@@ -53,6 +53,16 @@ pub enum DTensorError {
         /// Devices passed in.
         given: usize,
     },
+    /// One process built more distinct meshes than a device id can number.
+    #[error(
+        "more than {limit} distinct meshes in one process: a mesh's id is Burn's 16-bit device \
+         index; build each mesh once and reuse it (a mesh built again with the same axes, \
+         devices and settings is the same mesh and does not count again)"
+    )]
+    TooManyMeshes {
+        /// [`crate::MAX_MESHES`].
+        limit: usize,
+    },
     /// A mesh with more positions than can be counted, or a mesh of virtual devices with more
     /// than [`crate::MAX_VIRTUAL_POSITIONS`].
     #[error("mesh shape {shape} is too large: {reason}")]

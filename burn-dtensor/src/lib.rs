@@ -100,7 +100,7 @@ pub use error::{DTensorError, Result};
 pub use grads::settle_gradients;
 pub use layout::{DimSpec, Layout, ReduceOp, UNSHARDED};
 pub use layout_map::{LayoutMap, LayoutReport, LayoutRule};
-pub use mesh::{MAX_VIRTUAL_POSITIONS, Mesh, MeshTopology};
+pub use mesh::{MAX_MESHES, MAX_VIRTUAL_POSITIONS, Mesh, MeshTopology};
 pub use visualize::visualize_sharding;
 
 /// The CubeCL collective kernels' switch and launch counter (features `wgpu` / `cuda`).

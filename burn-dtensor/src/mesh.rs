@@ -268,7 +268,9 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
     /// - [`DTensorError::DuplicateMeshAxis`] when an axis name repeats;
     /// - [`DTensorError::InvalidAxis`] for a size of 0, or a name that is empty, `unsharded`, or
     ///   holds whitespace or one of `,=@[]`;
-    /// - [`DTensorError::MeshTooLarge`] when the product of the sizes overflows `usize`.
+    /// - [`DTensorError::MeshTooLarge`] when the product of the sizes overflows `usize`;
+    /// - [`DTensorError::TooManyMeshes`] when the process already holds [`MAX_MESHES`] meshes
+    ///   and this one is new.
     pub fn new<S: Into<String>>(
         axes: impl IntoIterator<Item = (S, usize)>,
         devices: Vec<D>,
@@ -282,13 +284,13 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
                 given: devices.len(),
             });
         }
-        Ok(Self::intern(
+        Self::try_intern(
             axes,
             devices,
             crate::config::try_config()?.stacked_execution,
             Vec::new(),
             Default::default(),
-        ))
+        )
     }
 
     /// A mesh spanning every process of the SPMD world ([`crate::spmd::init`]): `axes` over
@@ -359,13 +361,13 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
             std::any::type_name::<D>(),
             engine,
         )?;
-        Ok(Self::intern(
+        Self::try_intern(
             axes,
             local_devices,
             crate::config::try_config()?.stacked_execution,
             Vec::new(),
             grid,
-        ))
+        )
     }
 
     /// [`Mesh::spmd`] from `"batch=4,model=2"`.
@@ -404,6 +406,9 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
     }
 
     /// The mesh of one device and no axes: every tensor on it is replicated (whole).
+    ///
+    /// # Panics
+    /// When this process already holds [`MAX_MESHES`] distinct meshes and this one is new.
     pub fn single(device: D) -> Self {
         Self::intern(
             Vec::new(),
@@ -428,6 +433,9 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
     /// take), which tests use to cover both. A mesh of distinct devices never stacks, whatever
     /// `on` says. The two variants are distinct meshes (tensors move between them with
     /// `to_device`).
+    ///
+    /// # Panics
+    /// When this process already holds [`MAX_MESHES`] distinct meshes and this one is new.
     pub fn with_stacked_execution(&self, on: bool) -> Self {
         Self::intern(
             self.topo.axes.clone(),
@@ -438,6 +446,8 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
         )
     }
 
+    /// [`Mesh::try_intern`] for the infallible constructors ([`Mesh::single`],
+    /// [`Mesh::with_stacked_execution`]), which document the panic.
     pub(crate) fn intern(
         axes: Vec<(String, usize)>,
         devices: Vec<D>,
@@ -445,6 +455,21 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
         creation: Vec<Option<usize>>,
         grid: crate::spmd::ProcessGrid,
     ) -> Self {
+        Self::try_intern(axes, devices, stacked, creation, grid)
+            .unwrap_or_else(|e| panic!("burn-dtensor: {e}"))
+    }
+
+    /// The registered mesh of these axes, devices and settings, registered now if it is new.
+    ///
+    /// # Errors
+    /// [`DTensorError::TooManyMeshes`] when the registry already holds [`MAX_MESHES`] meshes.
+    pub(crate) fn try_intern(
+        axes: Vec<(String, usize)>,
+        devices: Vec<D>,
+        stacked: bool,
+        creation: Vec<Option<usize>>,
+        grid: crate::spmd::ProcessGrid,
+    ) -> Result<Self> {
         let multi = grid.world_size > 1;
         // `devices` are this process's: a multi-process mesh stacks the positions it holds.
         let stacked = stacked && devices.len() > 1 && devices.iter().all(|d| *d == devices[0]);
@@ -457,10 +482,10 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
                 && m.topo.grid == grid
                 && *m.devices == devices
             {
-                return m.clone();
+                return Ok(m.clone());
             }
         }
-        let id = u16::try_from(reg.len()).expect("more than 65535 distinct meshes in one process");
+        let id = mesh_id(reg.len())?;
         let mut strides = vec![1; axes.len()];
         for a in (0..axes.len().saturating_sub(1)).rev() {
             strides[a] = strides[a + 1] * axes[a + 1].1;
@@ -479,7 +504,7 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
             devices: Arc::new(devices),
         };
         reg.push(Arc::new(mesh.clone()));
-        mesh
+        Ok(mesh)
     }
 
     /// Looks a mesh up by the id Burn's `DeviceId::index_id` carries.
@@ -565,6 +590,16 @@ fn check_axes(axes: &[(String, usize)]) -> Result<()> {
     Ok(())
 }
 
+/// Most distinct meshes one process may build: a mesh's id is Burn's `DeviceId::index_id`,
+/// a `u16`. Building a mesh already built (same axes, devices and settings) returns it and
+/// counts once.
+pub const MAX_MESHES: usize = u16::MAX as usize + 1;
+
+/// The id of the `n`-th mesh registered (from 0).
+fn mesh_id(n: usize) -> Result<u16> {
+    u16::try_from(n).map_err(|_| DTensorError::TooManyMeshes { limit: MAX_MESHES })
+}
+
 /// Most positions of a mesh of virtual devices ([`Mesh::virtual_devices`]): 2^20, more than
 /// the devices of any machine or cluster a mesh of virtual copies stands in for. The mesh
 /// holds one device handle per position (and a sharded tensor one shard per position), so a
@@ -632,4 +667,21 @@ pub fn parse_axes(spec: &str) -> Result<Vec<(String, usize)>> {
         out.push((name.trim().to_string(), size));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ids number meshes 0..=65535; the next is a typed error (before: a panic inside
+    /// `intern`, also through the fallible constructors), whose message says what to do.
+    #[test]
+    fn mesh_ids_run_out_as_a_typed_error() {
+        assert_eq!(mesh_id(0).unwrap(), 0);
+        assert_eq!(mesh_id(MAX_MESHES - 1).unwrap(), u16::MAX);
+        let e = mesh_id(MAX_MESHES).unwrap_err();
+        assert_eq!(e, DTensorError::TooManyMeshes { limit: 65536 });
+        assert!(e.to_string().contains("reuse it"), "{e}");
+        assert!(mesh_id(usize::MAX).is_err());
+    }
 }

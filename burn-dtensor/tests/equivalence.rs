@@ -1579,7 +1579,8 @@ fn operands_on_two_meshes_are_refused_by_name() {
     let table = |d: &DistributedDevice<Dev>| Tensor::<DB, 2>::from_data(data(&[3, 4], 1), d);
     let x = |d: &DistributedDevice<Dev>| Tensor::<DB, 4>::from_data(data(&[2, 2, 4, 4], 2), d);
     let w = |d: &DistributedDevice<Dev>| Tensor::<DB, 4>::from_data(data(&[2, 2, 3, 3], 3), d);
-    let cases: Vec<(&str, Box<dyn Fn()>)> = vec![
+    type Case<'a> = (&'static str, Box<dyn Fn() + 'a>);
+    let cases: Vec<Case> = vec![
         (
             "embedding",
             Box::new(|| drop(embedding(table(&d1), ids(&d2, &m2)).into_data())),
