@@ -555,6 +555,50 @@ pub fn narrow_model_products<I: Backend>(device: I::Device) {
     }
 }
 
+/// `distribute` of data of every kind (f64, f32, i64, i32, bool) into tensors of every kind
+/// creates what Burn's `Tensor::from_data` creates on the mesh's device (dtype and bytes: the
+/// backend's default dtype for the kind, `i32` ints and `u32`/`u8` bools on CubeCL backends),
+/// which is what the inner backend's `from_data` creates on the whole data. The values are not
+/// negative: Burn's own `from_data` of a negative number into a CubeCL bool (`u32`) panics.
+pub fn created_dtypes<I: Backend>(device: I::Device) {
+    use burn::tensor::{BasicOps, Bool, Element, Float, Int};
+    use burn_dtensor::{DistributedDevice, DistributedKind};
+    fn each<I: Backend, K>(device: &I::Device, m: &Mesh<I::Device>, d: &TensorData)
+    where
+        K: DistributedKind<DistributedBackend<I>> + BasicOps<I>,
+        <K as BasicOps<I>>::Elem: Element,
+    {
+        let what = format!(
+            "{:?} data as {}",
+            d.dtype,
+            <K as burn::tensor::TensorKind<I>>::name()
+        );
+        let on_mesh = DistributedDevice::new(m.clone());
+        let want =
+            Tensor::<DistributedBackend<I>, 2, K>::from_data(d.clone(), &on_mesh).into_data();
+        let inner = Tensor::<I, 2, K>::from_data(d.clone(), device).into_data();
+        assert_eq!(want, inner, "{what}: the oracle");
+        for spec in [["unsharded", "unsharded"], ["a", "b"], ["unsharded", "a"]] {
+            let l = Layout::new(m, spec).unwrap();
+            let got = distribute::<DistributedBackend<I>, 2, K>(d.clone(), &l).unwrap();
+            assert_eq!(got.into_data(), want, "{what} on {l}");
+        }
+    }
+    let m = mesh::<I>(&device);
+    let n = 5 * 3usize;
+    for d in [
+        TensorData::new((0..n).map(|i| i as f64 * 0.75).collect::<Vec<_>>(), [5, 3]),
+        TensorData::new((0..n).map(|i| i as f32 * 0.5).collect::<Vec<_>>(), [5, 3]),
+        TensorData::new((0..n).map(|i| i as i64 * 3).collect::<Vec<_>>(), [5, 3]),
+        TensorData::new((0..n).map(|i| i as i32 % 3).collect::<Vec<_>>(), [5, 3]),
+        TensorData::new((0..n).map(|i| i % 3 == 0).collect::<Vec<_>>(), [5, 3]),
+    ] {
+        each::<I, Float>(&device, &m, &d);
+        each::<I, Int>(&device, &m, &d);
+        each::<I, Bool>(&device, &m, &d);
+    }
+}
+
 /// The suite's tests, instantiated per backend by `common::suite!`.
 macro_rules! backend_suite {
     ($name:ident, $backend:ty, $device:expr) => {
@@ -570,7 +614,8 @@ macro_rules! backend_suite {
                 empty_shards,
                 gradients,
                 deferred_partials,
-                narrow_model_products
+                narrow_model_products,
+                created_dtypes
             ]
         );
     };
