@@ -570,9 +570,8 @@ const AXIS_NAME_RESERVED: &[char] = &[',', '=', '@', '[', ']'];
 /// Axis names non-empty, distinct, not `unsharded`, without whitespace or
 /// [`AXIS_NAME_RESERVED`] characters; sizes positive.
 fn check_axes(axes: &[(String, usize)]) -> Result<()> {
+    let reserved = |c: char| c.is_whitespace() || c.is_control() || AXIS_NAME_RESERVED.contains(&c);
     for (i, (n, s)) in axes.iter().enumerate() {
-        let reserved =
-            |c: char| c.is_whitespace() || c.is_control() || AXIS_NAME_RESERVED.contains(&c);
         if n.is_empty() || *s == 0 || n == UNSHARDED || n.contains(reserved) {
             return Err(DTensorError::InvalidAxis {
                 axis: n.clone(),
