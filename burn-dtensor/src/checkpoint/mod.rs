@@ -643,7 +643,10 @@ impl Checkpoint {
 
     /// Tensor `name` in `layout` (any mesh of `B`'s devices, any process count): each process
     /// reads only the boxes of its own mesh positions, each distinct box once, and uploads it
-    /// to the devices that hold it. The dtype is the saved one.
+    /// to the devices that hold it. The dtype is the one Burn's `Tensor::from_data` creates from
+    /// the saved values on the layout's devices (the inner device's default for the kind: a
+    /// tensor saved as `I64` reads as `I32` on Wgpu, one saved as `F64` as `F32` on an `f32`
+    /// backend); the values are converted as Burn converts them.
     ///
     /// # Errors
     /// [`DTensorError::Checkpoint`] for an unknown name, a rank other than `D`, a tensor of
