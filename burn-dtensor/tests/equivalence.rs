@@ -1293,6 +1293,12 @@ proptest! {
 // Typed errors
 // ---------------------------------------------------------------------------------------------
 
+/// The message of the panic `f` must raise (a test failure when it returns).
+fn panic_message(f: impl FnOnce()) -> String {
+    let p = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_err();
+    p.downcast_ref::<String>().cloned().unwrap_or_default()
+}
+
 #[test]
 fn typed_errors() {
     let m = mesh(5); // x=2, y=4
@@ -1452,13 +1458,9 @@ fn typed_errors() {
     );
     // A shard's ranges for a shape of another rank, or a device past the mesh: a panic naming
     // it, documented (before: the ranges of fewer dims, or of another device, without a word).
-    let message = |f: &dyn Fn()| {
-        let p = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_err();
-        p.downcast_ref::<String>().cloned().unwrap_or_default()
-    };
-    let m1 = message(&|| drop(rows.shard_ranges(&[4], 0)));
+    let m1 = panic_message(|| drop(rows.shard_ranges(&[4], 0)));
     assert!(m1.contains("shape [4] has rank 1"), "{m1}");
-    let m2 = message(&|| drop(rows.shard_shape(&[4, 4], 8)));
+    let m2 = panic_message(|| drop(rows.shard_shape(&[4, 4], 8)));
     assert!(m2.contains("device 8 is not a position"), "{m2}");
     assert_eq!(rows.shard_ranges(&[5, 3], 7), vec![3..5, 0..3]);
     // A process's block of a shape of another rank (before: the block of the dims given).
@@ -1613,8 +1615,7 @@ fn operands_on_two_meshes_are_refused_by_name() {
         ),
     ];
     for (what, f) in cases {
-        let p = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_err();
-        let msg = p.downcast_ref::<String>().cloned().unwrap_or_default();
+        let msg = panic_message(f);
         assert!(
             msg.contains("operands live on different meshes") && msg.contains("to_device"),
             "{what}: {msg}"
