@@ -110,7 +110,7 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
         while creation.last() == Some(&None) {
             creation.pop();
         }
-        Self::try_intern(
+        Self::intern(
             self.topo.axes.clone(),
             self.devices.to_vec(),
             self.topo.stacked,

@@ -284,7 +284,7 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
                 given: devices.len(),
             });
         }
-        Self::try_intern(
+        Self::intern(
             axes,
             devices,
             crate::config::try_config()?.stacked_execution,
@@ -361,7 +361,7 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
             std::any::type_name::<D>(),
             engine,
         )?;
-        Self::try_intern(
+        Self::intern(
             axes,
             local_devices,
             crate::config::try_config()?.stacked_execution,
@@ -417,6 +417,7 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
             Vec::new(),
             Default::default(),
         )
+        .unwrap_or_else(|e| panic!("burn-dtensor: {e}"))
     }
 
     /// Parses `"batch=4,model=2"` into axes and builds the mesh over `devices`.
@@ -444,26 +445,16 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
             self.topo.creation.clone(),
             self.topo.grid.clone(),
         )
-    }
-
-    /// [`Mesh::try_intern`] for the infallible constructors ([`Mesh::single`],
-    /// [`Mesh::with_stacked_execution`]), which document the panic.
-    pub(crate) fn intern(
-        axes: Vec<(String, usize)>,
-        devices: Vec<D>,
-        stacked: bool,
-        creation: Vec<Option<usize>>,
-        grid: crate::spmd::ProcessGrid,
-    ) -> Self {
-        Self::try_intern(axes, devices, stacked, creation, grid)
-            .unwrap_or_else(|e| panic!("burn-dtensor: {e}"))
+        .unwrap_or_else(|e| panic!("burn-dtensor: {e}"))
     }
 
     /// The registered mesh of these axes, devices and settings, registered now if it is new.
+    /// The infallible constructors ([`Mesh::single`], [`Mesh::with_stacked_execution`]) turn
+    /// the error into their documented panic.
     ///
     /// # Errors
     /// [`DTensorError::TooManyMeshes`] when the registry already holds [`MAX_MESHES`] meshes.
-    pub(crate) fn try_intern(
+    pub(crate) fn intern(
         axes: Vec<(String, usize)>,
         devices: Vec<D>,
         stacked: bool,
