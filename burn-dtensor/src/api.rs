@@ -361,9 +361,19 @@ pub trait DTensorExt: Sized {
     /// Float tensors are differentiable through it on `Autodiff<DistributedBackend<B>>`: the
     /// backward pass relayouts the gradient back to the input's layout.
     ///
+    /// `layout` may lie on **another mesh** of the same inner device type (JAX's
+    /// `jax.device_put(x, NamedSharding(other_mesh, spec))`): each target shard is cut from the
+    /// source shards that overlap it, in one all-to-all over the SPMD world when the source mesh
+    /// spans processes, so no process holds more of the tensor than its source and target
+    /// shards (a 256 MiB tensor moved from row blocks on 2 processes to column blocks of
+    /// another mesh raised each process's peak by 1.0 x its block). Every process calls it.
+    /// `Tensor::to_device` to another mesh's [`DistributedDevice`](crate::DistributedDevice) is
+    /// this relayout to the layout a tensor created there gets (replicated unless a creation
+    /// layout says otherwise).
+    ///
     /// # Errors
-    /// [`DTensorError::MeshMismatch`] when `layout` is on another mesh,
-    /// [`DTensorError::RankMismatch`] when its rank is not the tensor's.
+    /// [`DTensorError::RankMismatch`] when the layout's rank is not the tensor's,
+    /// [`DTensorError::UnknownMesh`] when it lies on a mesh of another device type.
     fn relayout(self, layout: &Layout) -> Result<Self>;
     /// The per-device shards on the inner backend, one per mesh device in row-major order,
     /// each of the per-shard shape the layout implies (replicated dims whole, sharded dims

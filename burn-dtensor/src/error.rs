@@ -84,9 +84,10 @@ pub enum DTensorError {
         /// Axis size.
         size: usize,
     },
-    /// Redistribution or an op between tensors that live on different meshes.
+    /// An internal step given a layout of another mesh than its tensor's (the public relayout
+    /// moves tensors across meshes itself).
     #[error(
-        "mesh mismatch: cannot relayout from mesh {from} to mesh {to}; layouts of one tensor must share its mesh (move the tensor to the other mesh with `tensor.to_device(&DistributedDevice::new(mesh))`, then relayout it there)"
+        "mesh mismatch: a layout of mesh {to} was given for a tensor on mesh {from}; move the tensor to that mesh first (`tensor.relayout(&layout)` moves it shard to shard, `tensor.to_device(&DistributedDevice::new(mesh))` in the mesh's creation layout)"
     )]
     MeshMismatch {
         /// Source mesh, displayed.

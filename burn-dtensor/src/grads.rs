@@ -43,9 +43,12 @@ use crate::tensor::{DTensor, FloatKind};
 ///
 /// Every process calls it (SPMD): the collectives of a multi-process mesh are entered by all.
 ///
+/// A gradient on another mesh than its parameter is moved to the parameter's layout (see
+/// [`DTensorExt::relayout`](crate::DTensorExt::relayout)).
+///
 /// # Errors
-/// [`DTensorError::MeshMismatch`](crate::DTensorError::MeshMismatch) when a gradient lies on
-/// another mesh than its parameter.
+/// [`DTensorError::Config`](crate::DTensorError::Config) when a `BURN_DTENSOR_*` setting does not
+/// parse; a gradient's relayout errors ([`DTensorExt::relayout`](crate::DTensorExt::relayout)).
 pub fn settle_gradients<B, M>(grads: GradientsParams, module: &M) -> Result<GradientsParams>
 where
     B: AutodiffBackend + DistributedOps,

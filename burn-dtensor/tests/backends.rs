@@ -8,7 +8,7 @@
 
 use burn::backend::NdArray;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData, Tolerance};
+use burn::tensor::{Int, Tensor, TensorData, Tolerance};
 use burn_dtensor::{DTensorExt, DistributedBackend, Layout, Mesh, ReduceOp, distribute};
 
 #[macro_use]
@@ -186,6 +186,45 @@ pub fn relayouts<I: Backend>(device: I::Device) {
                     .into_data()
                     .convert::<f32>()
                     .assert_approx_eq::<f32>(&want, tol());
+            }
+        }
+        // Across meshes: every layout of `m` to every layout of a mesh of 3 x 2 (stacked and
+        // per device), int and bool tensors with the float one.
+        for other in [
+            Mesh::new([("b", 3), ("c", 2)], vec![device.clone(); 6]).unwrap(),
+            Mesh::new([("b", 3), ("c", 2)], vec![device.clone(); 6])
+                .unwrap()
+                .with_stacked_execution(false),
+        ] {
+            let ints = TensorData::new(
+                (0..shape[0] * shape[1]).map(|i| i as i32 % 7).collect(),
+                shape,
+            );
+            for from in layouts(&m) {
+                let t: Tensor<DistributedBackend<I>, 2> = distribute(d.clone(), &from).unwrap();
+                let ti: Tensor<DistributedBackend<I>, 2, Int> =
+                    distribute(ints.clone(), &from).unwrap();
+                for to in [["b", "c"], ["unsharded", "b"], ["c", "unsharded"]] {
+                    let to = Layout::new(&other, to).unwrap();
+                    let y = t.clone().relayout(&to).unwrap();
+                    assert_eq!(y.layout(), to);
+                    y.into_data()
+                        .convert::<f32>()
+                        .assert_approx_eq::<f32>(&want, tol());
+                    let yi = ti.clone().relayout(&to).unwrap();
+                    assert_eq!(
+                        yi.clone().into_data().convert::<i32>(),
+                        ints,
+                        "{from} -> {to}"
+                    );
+                    assert_eq!(
+                        yi.equal_elem(3).relayout(&from).unwrap().into_data(),
+                        Tensor::<I, 2, Int>::from_data(ints.clone(), &device)
+                            .equal_elem(3)
+                            .into_data(),
+                        "{from} -> {to} -> back"
+                    );
+                }
             }
         }
     }

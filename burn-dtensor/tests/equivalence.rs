@@ -22,6 +22,7 @@ use burn::tensor::{Bool, Distribution, IndexingUpdateOp, Int, Slice, Tensor, Ten
 use burn_dtensor::{
     CollectiveKind, DTensorError, DTensorExt, DistributedBackend, DistributedDevice,
     DistributedOps, Layout, Mesh, ReduceOp, UNSHARDED, distribute, from_local_shards, record_comms,
+    with_creation_layout,
 };
 use proptest::prelude::*;
 
@@ -1273,8 +1274,64 @@ fn relayout_case<const D: usize>(
     check_int("relayout_int", yi, orc_int::<D>(&di));
 }
 
+/// A tensor on mesh `m1` relaid out to a layout of mesh `m2` (JAX's `device_put` to another
+/// mesh's sharding), and back: the global value and every target shard are the data's; int and
+/// bool tensors too. `to_device` gives the target mesh's creation layout (replicated, or a
+/// scoped creation layout) with the same values.
+fn across_meshes_case<const D: usize>(
+    (m1, m2): (&Mesh<Dev>, &Mesh<Dev>),
+    shape: &[usize],
+    (from, to): (&LSpec, &LSpec),
+    seed: u64,
+) {
+    let d = data(shape, seed);
+    let (lf, lt) = (build(m1, D, from), build(m2, D, to));
+    let x = dist::<D>(&d, &lf);
+    let y = x.clone().relayout(&lt).unwrap();
+    assert_eq!(y.layout(), lt);
+    check(&format!("relayout {lf} -> {lt}"), y.clone(), orc::<D>(&d));
+    let back = y.relayout(&lf.without_partial()).unwrap();
+    check(
+        &format!("relayout {lf} -> {lt} -> back"),
+        back,
+        orc::<D>(&d),
+    );
+    // `to_device` onto the tensor's own mesh leaves it as it is (as Burn's does).
+    let same = m1.id() == m2.id();
+    let moved = x.clone().to_device(&mdev(m2));
+    let created = |l: Layout| if same { lf.clone() } else { l };
+    assert_eq!(moved.layout(), created(Layout::replicated(m2, D)));
+    check(&format!("to_device {lf} -> {m2}"), moved, orc::<D>(&d));
+    let settled = lt.without_partial();
+    let moved = with_creation_layout(&settled, shape, || x.to_device(&mdev(m2))).unwrap();
+    assert_eq!(moved.layout(), created(settled.clone()));
+    check(
+        &format!("to_device {lf} -> {settled} (scoped)"),
+        moved,
+        orc::<D>(&d),
+    );
+    let di = int_data(shape, seed, 100);
+    let xi = dist_int::<D>(&di, &lf.without_partial());
+    check_int(
+        "relayout_int",
+        xi.clone().relayout(&settled).unwrap(),
+        orc_int::<D>(&di),
+    );
+    check_bool(
+        "relayout_bool",
+        xi.greater_elem(49).relayout(&settled).unwrap(),
+        orc_int::<D>(&di).greater_elem(49),
+    );
+}
+
 proptest! {
     #![proptest_config(config())]
+
+    #[test]
+    fn relayout_across_meshes(m1 in mesh_strat(), m2 in mesh_strat(), shape in shape_strat(), from in lspec(), to in lspec(), seed in any::<u64>()) {
+        let (m1, m2) = (mesh(m1), mesh(m2));
+        by_rank!(shape.len(), across_meshes_case((&m1, &m2), &shape, (&from, &to), seed));
+    }
 
     #[test]
     fn creation_honours_layouts(mi in mesh_strat(), shape in shape_strat(), l in lspec()) {
@@ -1305,14 +1362,19 @@ fn typed_errors() {
     let other = mesh(6); // r=4, c=2
     let t: Tensor<DB, 2> =
         distribute(data(&[4, 4], 1), &Layout::new(&m, ["x", "y"]).unwrap()).unwrap();
-    // Relayout to a layout of another mesh.
+    // Relayout to a layout of another mesh of the wrong rank, or of a mesh of other devices.
     let e = t
         .clone()
-        .relayout(&Layout::new(&other, ["r", "unsharded"]).unwrap())
+        .relayout(&Layout::new(&other, ["r"]).unwrap())
         .unwrap_err();
-    assert!(matches!(e, DTensorError::MeshMismatch { .. }), "{e}");
-    // distribute with a layout whose mesh is not a mesh of the backend's devices.
+    assert!(matches!(e, DTensorError::RankMismatch { .. }), "{e}");
     let foreign = Mesh::virtual_devices([("x", 2)], ()).unwrap();
+    let e = t
+        .clone()
+        .relayout(&Layout::replicated(&foreign, 2))
+        .unwrap_err();
+    assert!(matches!(e, DTensorError::UnknownMesh { .. }), "{e}");
+    // distribute with a layout whose mesh is not a mesh of the backend's devices.
     let e = distribute::<DB, 2, burn::tensor::Float>(
         data(&[4, 4], 1),
         &Layout::replicated(&foreign, 2),

@@ -594,3 +594,50 @@ fn data_parallel_embedding_lookup_comms() {
         "{settle}"
     );
 }
+
+/// The gradient flows back across a relayout to another mesh (in the input's layout) and across
+/// `to_device` to another mesh: equal to `Autodiff<NdArray>`'s on the whole tensor.
+#[test]
+fn gradients_cross_meshes() {
+    let dev = Dev::default();
+    let m1 = Mesh::virtual_devices([("batch", 4)], dev).unwrap();
+    let m2 = Mesh::virtual_devices([("x", 2), ("model", 3)], dev).unwrap();
+    let (d1, d2) = (
+        DistributedDevice::new(m1.clone()),
+        DistributedDevice::new(m2.clone()),
+    );
+    let data = TensorData::new((0..42).map(|i| (i as f32 * 0.37).sin()).collect(), [7, 6]);
+    let c = TensorData::new((0..42).map(|i| (i as f32 * 0.11).cos()).collect(), [7, 6]);
+    let rows = Layout::batch_sharded(&m1, "batch", 2).unwrap();
+    let cols = Layout::new(&m2, ["x", "model"]).unwrap();
+    // The reference: (x * c + x^2).sum() on the whole tensor.
+    let x = Tensor::<Ref, 2>::from_data(data.clone(), &dev).require_grad();
+    let cr = Tensor::<Ref, 2>::from_data(c.clone(), &dev);
+    let want = (x.clone() * cr + x.clone().powi_scalar(2)).sum().backward();
+    let want = x.grad(&want).unwrap().into_data();
+    for moved in [true, false] {
+        let x: Tensor<Dist, 2> = distribute::<Dist, 2, burn::tensor::Float>(data.clone(), &rows)
+            .unwrap()
+            .require_grad();
+        let y = if moved {
+            x.clone().to_device(&d2)
+        } else {
+            x.clone().relayout(&cols).unwrap()
+        };
+        assert_eq!(y.layout().mesh(), cols.mesh());
+        let cd = Tensor::<Dist, 2>::from_data(c.clone(), &d2);
+        let grads = (y.clone() * cd + y.powi_scalar(2)).sum().backward();
+        let g = x.grad(&grads).unwrap();
+        // Burn's backward of `to_device` moves the gradient to the input's device, which
+        // names the mesh only: it arrives in the mesh's creation layout (replicated).
+        let want_layout = if moved {
+            Layout::replicated(&m1, 2)
+        } else {
+            rows.clone()
+        };
+        assert_eq!(g.layout(), want_layout);
+        assert_eq!(g.device(), d1);
+        g.into_data()
+            .assert_approx_eq::<f32>(&want, burn::tensor::Tolerance::default());
+    }
+}

@@ -15,8 +15,8 @@ use crate::stack::{self, At};
 use crate::tensor::{DTensor, Kind};
 use crate::{DistributedDevice, host};
 
-/// Panics with a clear message when two operands live on different meshes (ops cannot
-/// return errors; relayout across meshes is refused with a typed error by [`crate::relayout`]).
+/// Panics with a clear message when two operands live on different meshes (ops cannot return
+/// errors).
 pub fn same_mesh(a: &Layout, b: &Layout) {
     if a.mesh.id != b.mesh.id {
         panic!(
@@ -1166,7 +1166,10 @@ pub fn into_data<B: Backend, K: Kind<B>>(t: DTensor<K::P>) -> TensorData {
     host::assemble(&t.shape, pieces).expect("assembling shards on the host")
 }
 
-/// Moves a tensor to another mesh (through the host) or returns it when already there.
+/// Moves a tensor to another mesh, in the layout a tensor of its shape created there gets
+/// ([`crate::creation`]: a scoped creation layout, else the mesh's creation policy), or returns
+/// it when already there. Shard to shard (see [`crate::redistribute::redistribute`]): no device
+/// holds more than its target shard.
 pub fn to_device<B: Backend, K: Kind<B>>(
     t: DTensor<K::P>,
     device: &DistributedDevice<B::Device>,
@@ -1174,7 +1177,9 @@ pub fn to_device<B: Backend, K: Kind<B>>(
     if t.layout.mesh.id == device.mesh.id() {
         return t;
     }
-    from_data::<B, K>(into_data::<B, K>(t), device)
+    let layout = crate::creation::layout_for(device.mesh.topology(), &t.shape);
+    crate::redistribute::redistribute::<B, K>(t, &layout)
+        .unwrap_or_else(|e| panic!("burn-dtensor: moving a tensor to another mesh: {e}"))
 }
 
 #[cfg(test)]

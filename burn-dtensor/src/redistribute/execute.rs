@@ -19,9 +19,13 @@ use crate::tensor::{DTensor, Kind, Shards};
 /// thread is memoised too (see `reuse`): the same tensor gathered to the same layout again right
 /// after is not communicated twice.
 ///
+/// A `to` on another mesh moves the tensor there shard to shard (see `transfer`): no device
+/// and no process holds more of it than its source and target shards.
+///
 /// # Errors
-/// [`DTensorError::MeshMismatch`](crate::DTensorError::MeshMismatch) and
-/// [`DTensorError::RankMismatch`](crate::DTensorError::RankMismatch).
+/// [`DTensorError::RankMismatch`](crate::DTensorError::RankMismatch);
+/// [`DTensorError::UnknownMesh`](crate::DTensorError::UnknownMesh) for a `to` on a mesh of
+/// another device type.
 ///
 /// The result keeps the input's form (per device or stacked, see [`crate::stack`]), except that
 /// a stacked tensor goes per device when `to` cannot be held stacked (an uneven split).
@@ -31,6 +35,9 @@ pub fn redistribute<B: Backend, K: Kind<B>>(
 ) -> Result<DTensor<K::P>> {
     if *t.layout == *to {
         return Ok(t);
+    }
+    if t.layout.mesh.id != to.mesh.id {
+        return super::transfer::to_other_mesh::<B, K>(t, to);
     }
     let steps = plan(&t.layout, to)?;
     // A pending sum already settled (memoised, or settled from the tensor it was derived from;

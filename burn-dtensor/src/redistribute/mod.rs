@@ -1,5 +1,6 @@
 //! Redistribution (relayout) between any two layouts of one mesh: [`plan`] turns a pair of
-//! layouts into a list of per-mesh-axis collective steps (cached), [`execute`] runs them.
+//! layouts into a list of per-mesh-axis collective steps (cached), [`execute`] runs them;
+//! between layouts of two meshes, [`transfer`] cuts each target shard from the source shards.
 //!
 //! The transforms are PyTorch DTensor's (`_redistribute.py`): partial -> replicated is an
 //! all-reduce, partial -> sharded a reduce-scatter, sharded -> replicated an all-gather,
@@ -11,5 +12,6 @@ pub mod bucket;
 mod execute;
 mod plan;
 mod reuse;
+mod transfer;
 
 pub use execute::{execute, execute_stacked, redistribute};
