@@ -60,7 +60,7 @@ pub trait DistributedOps: Backend {
     /// out back to the input's layout).
     ///
     /// # Errors
-    /// Mesh or rank mismatch.
+    /// Rank mismatch, or a layout on a mesh of other devices.
     #[doc(hidden)]
     fn float_relayout(t: FloatTensor<Self>, layout: &Layout) -> Result<FloatTensor<Self>> {
         Ok(Self::float_from_dtensor(redistribute::<
@@ -75,7 +75,7 @@ pub trait DistributedOps: Backend {
     /// parameter needs; see [`LayoutMap`](crate::LayoutMap)).
     ///
     /// # Errors
-    /// Mesh or rank mismatch.
+    /// Rank mismatch, or a layout on a mesh of other devices.
     #[doc(hidden)]
     fn float_relayout_leaf(t: FloatTensor<Self>, layout: &Layout) -> Result<FloatTensor<Self>> {
         Self::float_relayout(t, layout)
@@ -163,7 +163,7 @@ pub trait DistributedKind<B: DistributedOps>: BasicOps<B> + BasicOps<B::Inner> {
     /// Relayout of a primitive (float: differentiable on autodiff backends).
     ///
     /// # Errors
-    /// Mesh or rank mismatch.
+    /// Rank mismatch, or a layout on a mesh of other devices.
     #[doc(hidden)]
     fn relayout(
         p: <Self as burn::tensor::TensorKind<B>>::Primitive,

@@ -95,7 +95,7 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
     /// `device = DistributedDevice::new(mesh.with_creation_sharding(["a", "b"])?)` starts every
     /// computation on sharded tensors (the conformance suite runs Burn's tests this way). Results
     /// are unchanged: a layout never changes values. An empty `spec` gives back the replicated
-    /// policy. The variants are distinct meshes (tensors move between them with `to_device`).
+    /// policy. The variants are distinct meshes (tensors move between them with `to_device` or `relayout`).
     ///
     /// # Errors
     /// [`DTensorError::UnknownAxis`] for a name the mesh lacks, [`DTensorError::AxisUsedTwice`]

@@ -433,7 +433,7 @@ impl<D: Clone + PartialEq + Send + Sync + 'static> Mesh<D> {
     /// switched off, each op runs once per distinct shard (the path real multi-device meshes
     /// take), which tests use to cover both. A mesh of distinct devices never stacks, whatever
     /// `on` says. The two variants are distinct meshes (tensors move between them with
-    /// `to_device`).
+    /// `to_device` or `relayout`, shard to shard).
     ///
     /// # Panics
     /// When this process already holds [`MAX_MESHES`] distinct meshes and this one is new.
