@@ -32,6 +32,8 @@
 mod common;
 #[path = "common/mpi.rs"]
 mod mpi;
+#[path = "common/ompi.rs"]
+mod ompi;
 #[path = "common/transformer.rs"]
 mod transformer;
 
@@ -45,6 +47,7 @@ use dtensor_imdb::train::{self, Distributed, Mode, Quiet, TrainConfig};
 
 fn mpirun(np: usize) -> Command {
     let mut c = Command::new("timeout");
+    ompi::own_session_dir(&mut c);
     c.args(["600", "mpirun", "--allow-run-as-root", "--oversubscribe"])
         .args(["--mca", "btl", "self,vader,tcp", "-np", &np.to_string()])
         .env("BURN_DTENSOR_COLLECTIVE_TIMEOUT_S", "120");

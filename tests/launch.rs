@@ -4,6 +4,8 @@
 mod common;
 #[path = "common/mpi.rs"]
 mod mpi;
+#[path = "common/ompi.rs"]
+mod ompi;
 #[path = "common/slurm.rs"]
 mod slurm;
 
@@ -235,7 +237,7 @@ fn launch_runs_imdb_mlp_on_a_localhost_spec() {
     .unwrap();
     let out = dir.join("s.json");
     let (ok, text) = output_of(
-        Command::new("timeout")
+        ompi::own_session_dir(&mut Command::new("timeout"))
             .arg("300")
             .arg(&launch)
             .arg("--spec")
@@ -289,6 +291,7 @@ fn launch_runs_imdb_mlp_on_a_localhost_spec() {
 /// `self,vader,tcp`); 60 s collective timeout.
 fn mpirun_ranks(btl: &str, ranks: &[Vec<String>]) -> Command {
     let mut c = Command::new("timeout");
+    ompi::own_session_dir(&mut c);
     c.args(["300", "mpirun", "--allow-run-as-root", "--oversubscribe"])
         .args(["--mca", "btl", btl])
         .env("BURN_DTENSOR_COLLECTIVE_TIMEOUT_S", "60");
@@ -706,7 +709,7 @@ fn cpus_per_process_binds_each_process_to_its_own_cores() {
     let dir = std::env::temp_dir().join(format!("launch-bind-{}", std::process::id()));
     let spec = write_spec(&dir, "[[nodes]]\naddress = \"localhost\"\nprocesses = 2\n");
     let (ok, text) = output_of(
-        Command::new("timeout")
+        ompi::own_session_dir(&mut Command::new("timeout"))
             .args(["60"])
             .arg(example("launch"))
             .arg("--spec")

@@ -13,6 +13,8 @@ use std::process::Command;
 
 #[allow(unused)]
 mod common;
+#[path = "../../tests/common/ompi.rs"]
+mod ompi;
 
 use burn::backend::ndarray::NdArrayDevice;
 use burn::backend::{Autodiff, NdArray};
@@ -48,7 +50,7 @@ fn launch_with(name: &str, np: usize, env: &[(&str, &str)]) -> bool {
         return skip("no `mpirun` (apt-get install openmpi-bin libopenmpi-dev)");
     }
     let exe = std::env::current_exe().unwrap();
-    let out = Command::new("timeout")
+    let out = ompi::own_session_dir(&mut Command::new("timeout"))
         .args(["300", "mpirun", "--allow-run-as-root", "--oversubscribe"])
         .args(["--mca", "btl", "self,vader,tcp", "-np", &np.to_string()])
         .arg(&exe)
@@ -1488,6 +1490,7 @@ fn launch_failing(name: &str, np: usize, env: &[(&str, &str)]) -> (i32, String, 
     let exe = std::env::current_exe().unwrap();
     let t = std::time::Instant::now();
     let mut c = Command::new("timeout");
+    ompi::own_session_dir(&mut c);
     c.args(["120", "mpirun", "--allow-run-as-root", "--oversubscribe"])
         .args(["--mca", "btl", "self,vader,tcp", "-np", &np.to_string()])
         .arg(&exe)
@@ -1724,7 +1727,7 @@ fn two_hosts_as_network_namespaces() {
     let hostfile = dir.join("hosts");
     std::fs::write(&hostfile, "10.77.0.1 slots=1\n10.77.0.2 slots=1\n").unwrap();
     let exe = std::env::current_exe().unwrap();
-    let out = Command::new("timeout")
+    let out = ompi::own_session_dir(&mut Command::new("timeout"))
         .args(["120", "ip", "netns", "exec", &hosts.names[0]])
         .args(["mpirun", "--allow-run-as-root", "-np", "2", "--hostfile"])
         .arg(&hostfile)
