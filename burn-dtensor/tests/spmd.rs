@@ -730,7 +730,7 @@ fn process_local_input_across_processes() {
 /// process (4 devices of its own); the value and each process's shards against the oracle.
 /// A 256 MiB tensor in row blocks moved to column blocks of another mesh raises no process's
 /// peak by more than twice its block (plus 16 MiB): no process holds the whole tensor (measured
-/// 1.00 x the block on 2 processes, 1.25 x on 4; the path through `into_data` and `from_data`,
+/// 1.00 x the block on 2 and 4 processes; the path through `into_data` and `from_data`,
 /// `to_device`'s before, raised every process's peak by 511 MiB, 4 x and 8 x the block).
 #[test]
 fn relayout_across_meshes_across_processes() {
