@@ -204,27 +204,47 @@ fn strides(shape: &[usize]) -> Vec<usize> {
 pub(crate) fn for_each_run(
     shape: &[usize],
     ranges: &[Range<usize>],
+    f: impl FnMut(usize, usize, usize),
+) {
+    let whole: Vec<Range<usize>> = shape.iter().map(|&n| 0..n).collect();
+    for_each_run_between(ranges, &whole, ranges, f)
+}
+
+/// Calls `f(src_offset, dst_offset, len)` (in elements) for every row (along the last dim) of
+/// the box `cut`, global coordinates, which both `from` and `into` hold: the offsets are the
+/// row's in the row-major layouts of box `from` (src) and box `into` (dst). [`for_each_run`] is
+/// the case `from` = the whole tensor, `into` = `cut`; a relayout across meshes copies a piece
+/// from a source shard into a target shard with it.
+pub(crate) fn for_each_run_between(
+    cut: &[Range<usize>],
+    from: &[Range<usize>],
+    into: &[Range<usize>],
     mut f: impl FnMut(usize, usize, usize),
 ) {
-    let rank = shape.len();
+    let rank = cut.len();
     if rank == 0 {
         f(0, 0, 1);
         return;
     }
-    if ranges.iter().any(|r| r.is_empty()) {
+    if cut.iter().any(|r| r.is_empty()) {
         return;
     }
-    let st = strides(shape);
-    let inner = ranges[rank - 1].len();
-    let outer: Vec<usize> = ranges[..rank - 1].iter().map(|r| r.len()).collect();
+    let lens = |b: &[Range<usize>]| b.iter().map(|r| r.len()).collect::<Vec<_>>();
+    let (sf, si) = (strides(&lens(from)), strides(&lens(into)));
+    let inner = cut[rank - 1].len();
+    let outer = lens(&cut[..rank - 1]);
     let count: usize = outer.iter().product();
     let mut idx = vec![0usize; rank - 1];
-    for n in 0..count {
-        let src: usize = (0..rank - 1)
-            .map(|d| (ranges[d].start + idx[d]) * st[d])
+    // The offset of the current row's first element inside `outer_box` (strides `st`).
+    let at = |idx: &[usize], outer_box: &[Range<usize>], st: &[usize]| {
+        (0..rank - 1)
+            .map(|d| (cut[d].start + idx[d] - outer_box[d].start) * st[d])
             .sum::<usize>()
-            + ranges[rank - 1].start;
-        f(src, n * inner, inner);
+            + cut[rank - 1].start
+            - outer_box[rank - 1].start
+    };
+    for _ in 0..count {
+        f(at(&idx, from, &sf), at(&idx, into, &si), inner);
         for d in (0..rank - 1).rev() {
             idx[d] += 1;
             if idx[d] < outer[d] {

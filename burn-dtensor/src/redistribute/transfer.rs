@@ -11,9 +11,10 @@
 //! over the world's process group, each piece once. The source blocks are downloaded one at a
 //! time and dropped once cut, so the host holds at most one of them beside the target shards
 //! and the send buffer (measured: a 256 MiB move raised the peak by 1.00 x a process's block on
-//! 2 and 4 processes, and by 0.25 x the tensor on one process of 4 virtual devices). A source mesh local to each process (not
-//! [`Mesh::spmd`](crate::Mesh::spmd)) holds every shard in every process, so each process cuts
-//! what it needs from its own copy, with no exchange, as `Tensor::from_data` does.
+//! 2 and 4 processes, and by 0.25 x the tensor on one process of 4 virtual devices). A source
+//! mesh local to each process (not [`Mesh::spmd`](crate::Mesh::spmd)) holds every shard in
+//! every process, so each process cuts what it needs from its own copy, with no exchange, as
+//! `Tensor::from_data` does.
 
 use std::ops::Range;
 
@@ -21,7 +22,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{TensorData, TensorMetadata};
 
 use crate::error::{DTensorError, Result};
-use crate::host::{HostBuffer, box_numel};
+use crate::host::{self, HostBuffer, box_numel};
 use crate::layout::Layout;
 use crate::mesh::Mesh;
 use crate::tensor::{DTensor, Kind};
@@ -122,10 +123,7 @@ pub fn to_other_mesh<B: Backend, K: Kind<B>>(
     // This process's source blocks, one at a time: downloaded, cut into the pieces it keeps and
     // sends, dropped (the host never holds two of them).
     let mut shards: Vec<Option<K::P>> = shards.into_iter().map(Some).collect();
-    for (g, sb) in sources
-        .iter()
-        .filter(|(g, _)| (0..size).any(|r| sender(*g, r) == me))
-    {
+    for (g, sb) in sources.iter().filter(|(g, _)| sender(*g, me) == me) {
         let p = shards[from.mesh.local_index(*g)]
             .take()
             .expect("one download per distinct source block");
@@ -246,40 +244,17 @@ fn intersect(a: &[Range<usize>], b: &[Range<usize>]) -> Option<Region> {
 }
 
 /// Copies the box `cut` (global coordinates) from `src`, the row-major bytes of a box that holds
-/// it, into `dst`, the row-major bytes of another box that holds it: row by row along the last
-/// dim, which is contiguous in both. Elements of `elem` bytes.
+/// it, into `dst`, the row-major bytes of another box that holds it (rows from
+/// [`host::for_each_run_between`]). Elements of `elem` bytes.
 fn copy_cut(
     elem: usize,
     cut: &[Range<usize>],
     (from, src): (&[Range<usize>], &[u8]),
     (into, dst): (&[Range<usize>], &mut [u8]),
 ) {
-    // The row-major element offset of global index `at` inside box `outer`.
-    let offset = |outer: &[Range<usize>], at: &[usize]| {
-        outer
-            .iter()
-            .zip(at)
-            .fold(0, |acc, (o, &i)| acc * o.len() + (i - o.start))
-    };
-    let row = cut.last().map_or(1, |r| r.len()) * elem;
-    let mut at: Vec<usize> = cut.iter().map(|r| r.start).collect();
-    loop {
-        let (s, d) = (offset(from, &at) * elem, offset(into, &at) * elem);
-        dst[d..d + row].copy_from_slice(&src[s..s + row]);
-        // The next row: the dims before the last, odometer-wise.
-        let mut a = cut.len().saturating_sub(1);
-        loop {
-            if a == 0 {
-                return;
-            }
-            a -= 1;
-            at[a] += 1;
-            if at[a] < cut[a].end {
-                break;
-            }
-            at[a] = cut[a].start;
-        }
-    }
+    host::for_each_run_between(cut, from, into, |s, d, n| {
+        dst[d * elem..(d + n) * elem].copy_from_slice(&src[s * elem..(s + n) * elem])
+    });
 }
 
 /// A box's shape.
