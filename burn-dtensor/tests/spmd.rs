@@ -782,10 +782,7 @@ fn relayout_across_meshes_across_processes() {
         .collect();
     let mine = Tensor::<N, 2>::from_data(TensorData::new(mine, [shape[0] / n, shape[1]]), &dev);
     let x = burn_dtensor::from_local_shards(vec![mine], shape, &rows).unwrap();
-    std::fs::write("/proc/self/clear_refs", "5").unwrap();
-    let rss = status_bytes("VmRSS:");
-    let y = x.relayout(&cols).unwrap();
-    let grew = status_bytes("VmHWM:").saturating_sub(rss);
+    let (y, grew) = peak_growth(|| x.relayout(&cols).unwrap());
     let bytes = (block * 4) as u64;
     println!(
         "rank {}: relayout of 256 MiB across meshes over {n} processes raised the peak by {} MiB ({:.2} x the block)",
@@ -885,6 +882,15 @@ fn status_bytes(field: &str) -> u64 {
         .parse::<u64>()
         .unwrap()
         * 1024
+}
+
+/// `f`'s result and how far it raised this process's peak resident memory, in bytes: `VmHWM`
+/// after `f` over `VmRSS` before it, the peak reset first (`clear_refs` 5).
+fn peak_growth<R>(f: impl FnOnce() -> R) -> (R, u64) {
+    std::fs::write("/proc/self/clear_refs", "5").unwrap();
+    let rss = status_bytes("VmRSS:");
+    let r = f();
+    (r, status_bytes("VmHWM:").saturating_sub(rss))
 }
 
 /// Random creation across processes: on every mesh and settled creation layout, for each
@@ -1044,18 +1050,9 @@ fn collectives_in_bounded_memory() {
     // 4), where receiving every member's block at once took the input's size again.
     let rows = Layout::new(&m, ["p", UNSHARDED]).unwrap();
     let block = shard / n as u64;
-    let peak = |f: &mut dyn FnMut()| {
-        std::fs::write("/proc/self/clear_refs", "5").unwrap();
-        let rss = status_bytes("VmRSS:");
-        f();
-        status_bytes("VmHWM:").saturating_sub(rss)
-    };
     let mine = Tensor::<N, 2>::full(shape, (w.rank() + 1) as f32 * 0.1, &Dev::default());
     let x = burn_dtensor::from_local_shards(vec![mine], shape, &partial).unwrap();
-    let mut x = Some(x);
-    let mut r = None;
-    let grew = peak(&mut || r = Some(x.take().unwrap().relayout(&rows).unwrap()));
-    let r = r.unwrap();
+    let (r, grew) = peak_growth(|| x.relayout(&rows).unwrap());
     println!(
         "rank {}: ordered reduce-scatter of 256 MiB over {n} processes raised the peak by {} MiB ({:.2} x the block)",
         w.rank(),
@@ -1077,16 +1074,14 @@ fn collectives_in_bounded_memory() {
     // into the peers' results, no send buffer: 1.00 x on 2 and 4 processes, packed 1.50 x and
     // 1.75 x).
     let cols = Layout::new(&m, [UNSHARDED, "p"]).unwrap();
-    let mut r = Some(r);
-    let mut c = None;
-    let grew = peak(&mut || c = Some(r.take().unwrap().relayout(&cols).unwrap()));
+    let (c, grew) = peak_growth(|| r.relayout(&cols).unwrap());
     println!(
         "rank {}: all-to-all of 256 MiB over {n} processes raised the peak by {} MiB ({:.2} x the block)",
         w.rank(),
         grew >> 20,
         grew as f64 / block as f64
     );
-    let local = c.unwrap().to_local_shards().remove(0);
+    let local = c.to_local_shards().remove(0);
     assert_eq!(local.dims(), [4096, 16384 / n]);
     let v: Vec<f32> = local
         .slice([4095..4096, 0..64])
