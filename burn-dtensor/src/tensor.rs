@@ -512,6 +512,15 @@ pub trait Kind<B: Backend>: 'static {
     fn repeat_dim(t: Self::P, dim: usize, times: usize) -> Self::P;
     /// `op`-reduction along `dim`, kept as size 1 (bool: sum and max are `any`, min is `all`).
     fn reduce_dim(t: Self::P, dim: usize, op: ReduceOp) -> Self::P;
+    /// Whether the kind keeps a pending sum (float, int); bool does not (its `or` is settled at
+    /// once).
+    const PENDING_SUM: bool;
+    /// `t` with the elements where `mask` (of `t`'s shape) is true set to the identity of the
+    /// kind's sum: float `-0.0` (IEEE 754 addition's identity: `x + -0.0` is `x` for every `x`,
+    /// `-0.0` and NaN included, where `+0.0` would turn a `-0.0` into `+0.0`), int 0, bool
+    /// `false` (the identity of `or`). A device's share of a masked gather (the indices outside
+    /// its rows) and of a masked scatter (the updates outside them) is made of it.
+    fn identity_where(t: Self::P, mask: BoolTensor<B>) -> Self::P;
 }
 
 fn bool_dtype<B: Backend>(d: &B::Device) -> burn::tensor::BoolDType {
@@ -686,10 +695,14 @@ macro_rules! kind_io {
 
 /// `reduce` and `zeros` of the numeric kinds, from their inner ops.
 macro_rules! numeric_kind {
-    ($kind:ident, $prim:ident, $io:ident, $add:ident, $greater:ident, $lower:ident, $mask_where:ident, $device:ident, $zeros:ident, $sum_dim:ident, $max_dim:ident, $min_dim:ident, $mul_scalar:ident, $reshape:ident) => {
+    ($kind:ident, $prim:ident, $io:ident, $add:ident, $greater:ident, $lower:ident, $mask_where:ident, $mask_fill:ident, $identity:expr, $device:ident, $zeros:ident, $sum_dim:ident, $max_dim:ident, $min_dim:ident, $mul_scalar:ident, $reshape:ident) => {
         impl<B: Backend> Kind<B> for $kind {
             type P = $prim<B>;
             kind_io!($io);
+            const PENDING_SUM: bool = true;
+            fn identity_where(t: Self::P, mask: BoolTensor<B>) -> Self::P {
+                B::$mask_fill(t, mask, burn::tensor::Scalar::from($identity))
+            }
             fn reduce(a: Self::P, b: Self::P, op: ReduceOp) -> Self::P {
                 match op {
                     ReduceOp::Sum => B::$add(a, b),
@@ -741,6 +754,8 @@ numeric_kind!(
     float_greater,
     float_lower,
     float_mask_where,
+    float_mask_fill,
+    -0.0f64,
     float_device,
     float_zeros,
     float_sum_dim,
@@ -757,6 +772,8 @@ numeric_kind!(
     int_greater,
     int_lower,
     int_mask_where,
+    int_mask_fill,
+    0i64,
     int_device,
     int_zeros,
     int_sum_dim,
@@ -769,6 +786,10 @@ numeric_kind!(
 impl<B: Backend> Kind<B> for BoolKind {
     type P = BoolTensor<B>;
     kind_io!(bool);
+    const PENDING_SUM: bool = false;
+    fn identity_where(t: Self::P, mask: BoolTensor<B>) -> Self::P {
+        B::bool_and(t, B::bool_not(mask))
+    }
     fn reduce(a: Self::P, b: Self::P, op: ReduceOp) -> Self::P {
         match op {
             ReduceOp::Sum | ReduceOp::Max => B::bool_or(a, b),

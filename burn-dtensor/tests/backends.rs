@@ -638,6 +638,76 @@ pub fn created_dtypes<I: Backend>(device: I::Device) {
     }
 }
 
+/// `gather`, `select`, `scatter` (add) and `select_assign` (add) along each dim of a `[5, 7]`
+/// tensor in every layout: a sharded indexed dim runs masked per device (a pending sum for
+/// `gather` and `select`, settled by `into_data`), an unsharded one per shard; indices repeat and
+/// hit both ends of the dim. Int `select` takes the masked path too.
+pub fn masked_indexing<I: Backend>(device: I::Device) {
+    use burn::tensor::IndexingUpdateOp::Add;
+    type T<I, const D: usize, K = burn::tensor::Float> = Tensor<DistributedBackend<I>, D, K>;
+    let m = mesh::<I>(&device);
+    let shape = [5, 7];
+    let d = data(shape, 3);
+    let rep = |rank| Layout::replicated(&m, rank);
+    for dim in 0..2 {
+        let n = shape[dim];
+        let ids: Vec<i64> = vec![0, n as i64 - 1, 2, 2, 1];
+        let di = TensorData::new(ids.clone(), [ids.len()]);
+        let mut gshape = shape;
+        gshape[dim] = 3;
+        let gi: Vec<i64> = (0..gshape[0] * gshape[1])
+            .map(|i| ((i * 5) % n) as i64)
+            .collect();
+        let gi = TensorData::new(gi, gshape);
+        let gv = data(gshape, 4);
+        let mut sshape = shape;
+        sshape[dim] = ids.len();
+        let sv = data(sshape, 5);
+        let o = || oracle(&d);
+        let oi =
+            |x: &TensorData| Tensor::<NdArray, 1, Int>::from_data(x.clone(), &Default::default());
+        let oi2 =
+            |x: &TensorData| Tensor::<NdArray, 2, Int>::from_data(x.clone(), &Default::default());
+        let want = [
+            o().gather(dim, oi2(&gi)).into_data(),
+            o().select(dim, oi(&di)).into_data(),
+            o().scatter(dim, oi2(&gi), oracle(&gv), Add).into_data(),
+            o().select_assign(dim, oi(&di), oracle(&sv), Add)
+                .into_data(),
+        ];
+        let ti: Vec<i64> = (0..shape[0] * shape[1])
+            .map(|i| i as i64 * 3 - 20)
+            .collect();
+        let ti = TensorData::new(ti, shape);
+        let want_int = Tensor::<NdArray, 2, Int>::from_data(ti.clone(), &Default::default())
+            .select(dim, oi(&di))
+            .into_data();
+        for l in layouts(&m) {
+            let x = || {
+                distribute::<DistributedBackend<I>, 2, burn::tensor::Float>(d.clone(), &l).unwrap()
+            };
+            let idx = || distribute::<DistributedBackend<I>, 1, Int>(di.clone(), &rep(1)).unwrap();
+            let gidx = || distribute::<DistributedBackend<I>, 2, Int>(gi.clone(), &rep(2)).unwrap();
+            let v = |x: &TensorData| -> T<I, 2> { distribute(x.clone(), &rep(2)).unwrap() };
+            let got = [
+                x().gather(dim, gidx()).into_data(),
+                x().select(dim, idx()).into_data(),
+                x().scatter(dim, gidx(), v(&gv), Add).into_data(),
+                x().select_assign(dim, idx(), v(&sv), Add).into_data(),
+            ];
+            for (g, w) in got.into_iter().zip(&want) {
+                g.convert::<f32>().assert_approx_eq::<f32>(w, tol());
+            }
+            let int = distribute::<DistributedBackend<I>, 2, Int>(ti.clone(), &l).unwrap();
+            assert_eq!(
+                int.select(dim, idx()).into_data().convert::<i64>(),
+                want_int.clone().convert::<i64>(),
+                "int select along {dim} on {l}"
+            );
+        }
+    }
+}
+
 /// The suite's tests, instantiated per backend by `common::suite!`.
 macro_rules! backend_suite {
     ($name:ident, $backend:ty, $device:expr) => {
@@ -654,7 +724,8 @@ macro_rules! backend_suite {
                 gradients,
                 deferred_partials,
                 narrow_model_products,
-                created_dtypes
+                created_dtypes,
+                masked_indexing
             ]
         );
     };

@@ -1875,6 +1875,133 @@ fn scatter_into_replicated_zeros_keeps_the_index_sharding() {
     );
 }
 
+/// Indexing ops on a sharded indexed dim mask instead of gathering (PyTorch DTensor's
+/// `MaskPartial`, Megatron-LM's vocab-parallel embedding and cross entropy): `select` from a
+/// vocabulary-sharded table and `gather` from class-sharded log-probabilities leave a pending sum
+/// over the sharding axis (settled by an all-reduce of the selected values, never an all-gather
+/// of the table), and `scatter_add` / `select_add` into a sharded tensor communicate nothing. On
+/// both execution forms (stacked meshes run these per device), uneven shards included; values
+/// against NdArray on the whole tensors, repeated and boundary indices included.
+#[test]
+fn indexing_a_sharded_dim_masks_instead_of_gathering() {
+    for (axes, stacked) in [(vec![("v", 4)], true), (vec![("b", 2), ("v", 3)], false)] {
+        let m = Mesh::virtual_devices(axes, Dev::default())
+            .unwrap()
+            .with_stacked_execution(stacked);
+        // 12 rows over 4 devices, 11 over 3: even and uneven shards.
+        let (vocab, d) = (if stacked { 12 } else { 11 }, 3);
+        let dt = data(&[vocab, d], 7);
+        let rows = Layout::new(&m, ["v", UNSHARDED]).unwrap();
+        let table = || dist::<2>(&dt, &rows);
+        let ids: Vec<i64> = vec![0, 10, 3, 3, 5, 2, 8, 9];
+        let di = TensorData::new(ids.clone(), [ids.len()]);
+        let idx = || dist_int::<1>(&di, &Layout::replicated(&m, 1));
+        let no_gather = |what: &str, log: &burn_dtensor::CommLog| {
+            assert_eq!(log.count(CollectiveKind::AllGather), 0, "{what}: {log}");
+            assert_eq!(log.count(CollectiveKind::AllToAll), 0, "{what}: {log}");
+        };
+
+        // select: a pending sum over `v`, settled by one all-reduce of the [8, 3] rows.
+        let (y, log) = record_comms(|| table().select(0, idx()));
+        assert!(log.events.is_empty(), "select: {log}");
+        assert_eq!(
+            y.layout().partial(m.topology().axis_index("v").unwrap()),
+            Some(ReduceOp::Sum)
+        );
+        let (y, log) = record_comms(|| y.relayout(&Layout::replicated(&m, 2)).unwrap());
+        no_gather("select settled", &log);
+        assert!(
+            log.events.iter().all(|e| e.shape == [ids.len(), d]),
+            "{log}"
+        );
+        check("select", y, orc::<2>(&dt).select(0, orc_int::<1>(&di)));
+
+        // gather along the sharded dim: the cross entropy's pick of each row's target class.
+        let (n, c) = (5, vocab);
+        let dl = data(&[n, c], 9);
+        let classes = Layout::new(&m, [UNSHARDED, "v"]).unwrap();
+        let dtg = TensorData::new(vec![0i64, 10, 4, 7, 10], [n, 1]);
+        let (y, log) = record_comms(|| {
+            dist::<2>(&dl, &classes).gather(1, dist_int::<2>(&dtg, &Layout::replicated(&m, 2)))
+        });
+        assert!(log.events.is_empty(), "gather: {log}");
+        check("gather", y, orc::<2>(&dl).gather(1, orc_int::<2>(&dtg)));
+        let (y, log) = record_comms(|| {
+            let logits = dist::<2>(&dl, &classes);
+            let picked =
+                log_softmax(logits, 1).gather(1, dist_int::<2>(&dtg, &Layout::replicated(&m, 2)));
+            picked.reshape([n]).mean().neg()
+        });
+        no_gather("cross entropy", &log);
+        assert!(
+            log.events
+                .iter()
+                .all(|e| e.shape.iter().product::<usize>() <= n),
+            "{log}"
+        );
+        check(
+            "cross entropy",
+            y,
+            log_softmax(orc::<2>(&dl), 1)
+                .gather(1, orc_int::<2>(&dtg))
+                .reshape([n])
+                .mean()
+                .neg(),
+        );
+
+        // scatter_add and select_add into the sharded tensor: no collective, its layout kept.
+        let dv = data(&[n, 1], 11);
+        let (y, log) = record_comms(|| {
+            dist::<2>(&dl, &classes).scatter(
+                1,
+                dist_int::<2>(&dtg, &Layout::replicated(&m, 2)),
+                dist::<2>(&dv, &Layout::replicated(&m, 2)),
+                IndexingUpdateOp::Add,
+            )
+        });
+        assert!(log.events.is_empty(), "scatter: {log}");
+        assert_eq!(y.layout(), classes);
+        check(
+            "scatter",
+            y,
+            orc::<2>(&dl).scatter(1, orc_int::<2>(&dtg), orc::<2>(&dv), IndexingUpdateOp::Add),
+        );
+        let dsel = data(&[ids.len(), d], 13);
+        let (y, log) = record_comms(|| {
+            table().select_assign(
+                0,
+                idx(),
+                dist::<2>(&dsel, &Layout::replicated(&m, 2)),
+                IndexingUpdateOp::Add,
+            )
+        });
+        assert!(log.events.is_empty(), "select_add: {log}");
+        assert_eq!(y.layout(), rows);
+        check(
+            "select_add",
+            y,
+            orc::<2>(&dt).select_assign(
+                0,
+                orc_int::<1>(&di),
+                orc::<2>(&dsel),
+                IndexingUpdateOp::Add,
+            ),
+        );
+        // Int tensors take the same path (a pending sum of ints); bool keeps the gathering rule.
+        let ti = int_data(&[vocab, d], 3, 100);
+        let (y, log) = record_comms(|| dist_int::<2>(&ti, &rows).select(0, idx()));
+        assert!(log.events.is_empty(), "int select: {log}");
+        assert_eq!(
+            y.into_data().to_vec::<i64>().unwrap(),
+            orc_int::<2>(&ti)
+                .select(0, orc_int::<1>(&di))
+                .into_data()
+                .to_vec::<i64>()
+                .unwrap()
+        );
+    }
+}
+
 /// On a virtual mesh, tensors are held stacked (one inner primitive with the mesh axes leading)
 /// and ops run once on the stack; switched off, they run per device. Both give the oracle's
 /// values and record the same communication.

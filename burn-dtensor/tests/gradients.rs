@@ -595,6 +595,73 @@ fn data_parallel_embedding_lookup_comms() {
     );
 }
 
+/// The output head and Burn's `CrossEntropyLoss` on its logits (`log_softmax`, then each row's
+/// target picked by `gather`).
+fn head_loss<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>, y: Tensor<B, 1, Int>) -> Tensor<B, 1> {
+    let logits = x.matmul(w);
+    CrossEntropyLossConfig::new()
+        .init(&logits.device())
+        .forward(logits, y)
+}
+
+/// Loss parallel (PyTorch DTensor's `loss_parallel`, Megatron-LM's vocab-parallel cross
+/// entropy): a column-parallel output head gives logits sharded over the classes, and Burn's
+/// unchanged `CrossEntropyLoss` runs on the class shards: forward and backward communicate only
+/// `[batch]`-sized values (each row's max, its sum of exponentials, its picked log-probability),
+/// never the `[batch, classes]` logits, and the head's gradient stays a pending sum over `batch`
+/// in the head's layout. Loss and gradient against `Autodiff<NdArray>` on the whole tensors.
+#[test]
+fn loss_parallel_cross_entropy() {
+    let mesh = Mesh::virtual_devices([("batch", 2), ("model", 4)], Dev::default()).unwrap();
+    let (n, h, c) = (6, 5, 12);
+    let wave =
+        |len: usize, f: f32| -> Vec<f32> { (0..len).map(|i| (i as f32 * f).sin()).collect() };
+    let x = TensorData::new(wave(n * h, 0.23), [n, h]);
+    let w = TensorData::new(wave(h * c, 0.41), [h, c]);
+    let y: Vec<i64> = (0..n).map(|i| ((i * 5) % c) as i64).collect();
+    let y = TensorData::new(y, [n]);
+
+    let rdev = Dev::default();
+    let wr = Tensor::<Ref, 2>::from_data(w.clone(), &rdev).require_grad();
+    let loss = head_loss(
+        Tensor::from_data(x.clone(), &rdev),
+        wr.clone(),
+        Tensor::from_data(y.clone(), &rdev),
+    );
+    let want_grad = wr.grad(&loss.backward()).unwrap().into_data();
+    let want_loss = loss.into_data();
+
+    let batched = |rank| Layout::batch_sharded(&mesh, "batch", rank).unwrap();
+    let head = Layout::new(&mesh, ["unsharded", "model"]).unwrap();
+    let wd: Tensor<Dist, 2> = distribute(w, &head).unwrap();
+    let wd = wd.require_grad();
+    let xd: Tensor<Dist, 2> = distribute(x, &batched(2)).unwrap();
+    let yd: Tensor<Dist, 1, Int> = distribute(y, &batched(1)).unwrap();
+    assert_eq!(
+        xd.clone().matmul(wd.clone()).layout(),
+        Layout::new(&mesh, ["batch", "model"]).unwrap(),
+        "the logits are sharded over the classes"
+    );
+    let ((loss, grad), comms) = record_comms(|| {
+        let loss = head_loss(xd, wd.clone(), yd);
+        let grads = loss.backward();
+        (loss, wd.grad(&grads).unwrap())
+    });
+    assert_eq!(comms.count(CollectiveKind::AllGather), 0, "{comms}");
+    assert_eq!(comms.count(CollectiveKind::AllToAll), 0, "{comms}");
+    assert!(
+        comms
+            .events
+            .iter()
+            .all(|e| e.shape.iter().product::<usize>() <= n),
+        "only [batch]-sized values move: {comms}"
+    );
+    loss.into_data().assert_approx_eq::<f32>(&want_loss, tol());
+    assert_eq!(grad.layout().dims(), head.dims(), "{}", grad.layout());
+    let grad = grad.relayout(&Layout::replicated(&mesh, 2)).unwrap();
+    grad.into_data().assert_approx_eq::<f32>(&want_grad, tol());
+}
+
 /// The gradient flows back across a relayout to another mesh (in the input's layout) and across
 /// `to_device` to another mesh: equal to `Autodiff<NdArray>`'s on the whole tensor.
 #[test]

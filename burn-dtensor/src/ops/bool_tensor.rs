@@ -75,7 +75,7 @@ impl<B: Backend> BoolTensorOps<Self> for DistributedBackend<B> {
         idx: IntTensor<Self>,
         v: BoolTensor<Self>,
     ) -> BoolTensor<Self> {
-        c::select_assign::<B, Bk, IntKind>(t, dim, idx, v, false, B::bool_select_or)
+        c::select_assign::<B, Bk, IntKind>(t, dim, idx, v, B::bool_select_or)
     }
     fn bool_equal(a: BoolTensor<Self>, b: BoolTensor<Self>) -> BoolTensor<Self> {
         c::binary::<B, Bk, Bk, Bk>(a, b, Linearity::None, B::bool_equal)

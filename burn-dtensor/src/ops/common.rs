@@ -2,7 +2,8 @@
 //! and hands the inner op to the dispatcher.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{Slice, TensorData, TensorMetadata};
+use burn::tensor::ops::{BoolTensor, IntTensor};
+use burn::tensor::{Scalar, Shape, Slice, TensorData, TensorMetadata};
 
 use super::dispatch::{self, is_solo, only, run_n, run1, run2, run2_weighted, run3, solo_map};
 use crate::layout::Layout;
@@ -830,8 +831,9 @@ fn same_off(a: &[usize], b: &[usize], dim: usize) -> bool {
             .all(|(d, (x, y))| d == dim || x == y)
 }
 
-/// `gather(dim, t, indices)`: per shard when `indices` matches `t` off `dim`, else fallback.
-pub fn gather<B: Backend, K: Kind<B>, KI: Kind<B>>(
+/// `gather(dim, t, indices)`: masked per device when `t`'s `dim` is sharded
+/// ([`index::gather_sharded`]); per shard when `indices` matches `t` off `dim`, else fallback.
+pub fn gather<B: Backend, K: Kind<B>, KI: Kind<B, P = IntTensor<B>>>(
     dim: usize,
     t: DTensor<K::P>,
     idx: DTensor<KI::P>,
@@ -840,6 +842,17 @@ pub fn gather<B: Backend, K: Kind<B>, KI: Kind<B>>(
     same_mesh(&t.layout, &idx.layout);
     if is_solo(&t) {
         return solo_map(t, |x| f(dim, x, only(idx)));
+    }
+    if same_off(&t.shape, &idx.shape, dim)
+        && let Some(s) =
+            index::gather_sharded(&t.layout, &t.shape, &idx.layout, dim, K::PENDING_SUM)
+    {
+        let rows = rows_of(&s.inputs[0], &t.shape, dim);
+        let shape = idx.shape.clone();
+        return run2::<B, K, KI, K>(t, idx, &s, shape, false, |at, x, i| {
+            let (local, outside) = local_indices::<B>(i, rows(at));
+            K::identity_where(f(dim, x, local), outside)
+        });
     }
     let s = if same_off(&t.shape, &idx.shape, dim) {
         index::along_dim_aligned(&[&t.layout, &idx.layout], dim)
@@ -864,8 +877,10 @@ pub fn gather<B: Backend, K: Kind<B>, KI: Kind<B>>(
     })
 }
 
-/// `scatter_*(dim, t, indices, value)` and `select_*`-style ops with a value operand.
-pub fn scatter<B: Backend, K: Kind<B>, KI: Kind<B>>(
+/// `scatter_add(dim, t, indices, value)` (bool: `scatter_or`): masked per device when `t`'s
+/// `dim` is sharded ([`index::scatter_sharded`]); per shard when the operands match off `dim`,
+/// else fallback.
+pub fn scatter<B: Backend, K: Kind<B>, KI: Kind<B, P = IntTensor<B>>>(
     dim: usize,
     t: DTensor<K::P>,
     idx: DTensor<KI::P>,
@@ -875,6 +890,17 @@ pub fn scatter<B: Backend, K: Kind<B>, KI: Kind<B>>(
     same_mesh(&t.layout, &idx.layout);
     if is_solo(&t) {
         return solo_map(t, |x| f(dim, x, only(idx), only(value)));
+    }
+    if same_off(&t.shape, &idx.shape, dim)
+        && idx.shape == value.shape
+        && let Some(s) = index::scatter_sharded(&t.layout, &t.shape, &idx.layout, dim)
+    {
+        let rows = rows_of(&s.inputs[0], &t.shape, dim);
+        let shape = t.shape.clone();
+        return run3::<B, K, KI, K, K>(t, idx, value, &s, shape, false, |at, x, i, v| {
+            let (local, outside) = local_indices::<B>(i, rows(at));
+            f(dim, x, local, K::identity_where(v, outside))
+        });
     }
     let s = if same_off(&t.shape, &idx.shape, dim) && idx.shape == value.shape {
         index::along_dim_aligned(&[&t.layout, &idx.layout, &value.layout], dim)
@@ -944,8 +970,9 @@ pub fn scatter_nd<B: Backend, K: Kind<B>, KI: Kind<B>>(
     run3::<B, K, KI, K, K>(t, idx, value, &s, shape, false, |_, x, i, v| f(x, i, v))
 }
 
-/// `select(t, dim, indices)`: [`index::select`] (the indices' sharding carried to `dim`).
-pub fn select<B: Backend, K: Kind<B>, KI: Kind<B>>(
+/// `select(t, dim, indices)`: masked per device when `t`'s `dim` is sharded
+/// ([`index::select_sharded`]), else [`index::select`] (the indices' sharding carried to `dim`).
+pub fn select<B: Backend, K: Kind<B>, KI: Kind<B, P = IntTensor<B>>>(
     t: DTensor<K::P>,
     dim: usize,
     idx: DTensor<KI::P>,
@@ -955,31 +982,93 @@ pub fn select<B: Backend, K: Kind<B>, KI: Kind<B>>(
     if is_solo(&t) {
         return solo_map(t, |x| f(x, dim, only(idx)));
     }
-    let s = index::select(&t.layout, &idx.layout, dim);
     let mut shape = t.shape.clone();
     shape[dim] = idx.shape[0];
+    if let Some(s) = index::select_sharded(&t.layout, &t.shape, &idx.layout, dim, K::PENDING_SUM) {
+        let rows = rows_of(&s.inputs[0], &t.shape, dim);
+        return run2::<B, K, KI, K>(t, idx, &s, shape, false, |at, x, i| {
+            let (local, outside) = local_indices::<B>(i, rows(at));
+            let out = f(x, dim, local);
+            let outside = spread_along::<B>(outside, dim, &out.shape());
+            K::identity_where(out, outside)
+        });
+    }
+    let s = index::select(&t.layout, &idx.layout, dim);
     run2::<B, K, KI, K>(t, idx, &s, shape, false, |_, x, i| f(x, dim, i))
 }
 
-/// `select_add(t, dim, indices, value)` (bool: `select_or`): [`index::select_add`]; `sum`: the
-/// kind has a pending sum (float, int; not bool, whose `or` is not one).
-pub fn select_assign<B: Backend, K: Kind<B>, KI: Kind<B>>(
+/// `select_add(t, dim, indices, value)` (bool: `select_or`): [`index::select_add`], masked per
+/// device where it keeps `t`'s `dim` sharded.
+pub fn select_assign<B: Backend, K: Kind<B>, KI: Kind<B, P = IntTensor<B>>>(
     t: DTensor<K::P>,
     dim: usize,
     idx: DTensor<KI::P>,
     value: DTensor<K::P>,
-    sum: bool,
     f: impl Fn(K::P, usize, KI::P, K::P) -> K::P + Sync,
 ) -> DTensor<K::P> {
     same_mesh(&t.layout, &idx.layout);
     if is_solo(&t) {
         return solo_map(t, |x| f(x, dim, only(idx), only(value)));
     }
-    let s = index::select_add(&t.layout, &idx.layout, dim, sum);
+    let s = index::select_add(&t.layout, &t.shape, &idx.layout, dim, K::PENDING_SUM);
     let shape = t.shape.clone();
-    run3::<B, K, KI, K, K>(t, idx, value, &s, shape, false, |_, x, i, v| {
-        f(x, dim, i, v)
+    if s.inputs[0].dims[dim].is_none() {
+        return run3::<B, K, KI, K, K>(t, idx, value, &s, shape, false, |_, x, i, v| {
+            f(x, dim, i, v)
+        });
+    }
+    let rows = rows_of(&s.inputs[0], &t.shape, dim);
+    run3::<B, K, KI, K, K>(t, idx, value, &s, shape, false, |at, x, i, v| {
+        let (local, outside) = local_indices::<B>(i, rows(at));
+        let outside = spread_along::<B>(outside, dim, &v.shape());
+        f(x, dim, local, K::identity_where(v, outside))
     })
+}
+
+/// The rows `lo..hi` of `dim` that the device an op runs at holds of a tensor of global `shape`
+/// under `layout` (the masked index rules run per device, never stacked).
+pub(crate) fn rows_of(
+    layout: &Layout,
+    shape: &[usize],
+    dim: usize,
+) -> impl Fn(At) -> std::ops::Range<usize> + Sync + use<> {
+    let (layout, shape) = (layout.clone(), shape.to_vec());
+    move |at| {
+        let At::Device(g) = at else {
+            unreachable!("the masked index ops run per device")
+        };
+        layout.shard_ranges(&shape, g)[dim].clone()
+    }
+}
+
+/// Indices made local to the rows `rows` of an indexed dim a device holds: `index - rows.start`,
+/// or 0 where the index is outside them (any row the device holds: its value is masked); and the
+/// mask of those outside, of the indices' shape.
+pub(crate) fn local_indices<B: Backend>(
+    ids: IntTensor<B>,
+    rows: std::ops::Range<usize>,
+) -> (IntTensor<B>, BoolTensor<B>) {
+    let dt = burn::tensor::get_device_settings::<B>(&B::int_device(&ids)).bool_dtype;
+    let (lo, hi) = (
+        Scalar::from(rows.start as i64),
+        Scalar::from(rows.end as i64),
+    );
+    let inside = B::bool_and(
+        B::int_greater_equal_elem(ids.clone(), lo, dt),
+        B::int_lower_elem(ids.clone(), hi, dt),
+    );
+    let outside = B::bool_not(inside);
+    // Outside indices become `lo` before the subtraction: no unsigned index underflows.
+    let local = B::int_sub_scalar(B::int_mask_fill(ids, outside.clone(), lo), lo);
+    (local, outside)
+}
+
+/// A mask `[n]` over the indices of `select` spread along `dim` of a tensor of `shape` (whose
+/// `dim` is `n`).
+fn spread_along<B: Backend>(mask: BoolTensor<B>, dim: usize, shape: &Shape) -> BoolTensor<B> {
+    let mut lined = vec![1; shape.num_dims()];
+    lined[dim] = shape[dim];
+    B::bool_expand(B::bool_reshape(mask, lined.into()), shape.clone())
 }
 
 /// `cat(tensors, dim)`: `dim` whole, other dims aligned with the first tensor.

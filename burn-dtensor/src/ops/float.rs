@@ -183,7 +183,7 @@ impl<B: Backend> FloatTensorOps<Self> for DistributedBackend<B> {
         idx: IntTensor<Self>,
         v: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        c::select_assign::<B, F, IntKind>(t, dim, idx, v, true, B::float_select_add)
+        c::select_assign::<B, F, IntKind>(t, dim, idx, v, B::float_select_add)
     }
     fn float_slice(t: FloatTensor<Self>, slices: &[Slice]) -> FloatTensor<Self> {
         c::slice::<B, F>(t, slices)

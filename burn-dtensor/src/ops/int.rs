@@ -131,7 +131,7 @@ impl<B: Backend> IntTensorOps<Self> for DistributedBackend<B> {
         idx: IntTensor<Self>,
         v: IntTensor<Self>,
     ) -> IntTensor<Self> {
-        c::select_assign::<B, I, I>(t, dim, idx, v, true, B::int_select_add)
+        c::select_assign::<B, I, I>(t, dim, idx, v, B::int_select_add)
     }
     compare_ops!(IntTensor, I: int_equal, int_greater, int_greater_equal, int_lower, int_lower_equal);
     compare_scalar_ops!(IntTensor, I: int_equal_elem, int_greater_elem, int_greater_equal_elem, int_lower_elem, int_lower_equal_elem);

@@ -7,13 +7,13 @@
 //! (input sharded on dim 0, weights replicated) or, for the rare ones, through the gather
 //! fallback.
 
+use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{
     AttentionModuleOptions, BoolTensor, ConvOptions, ConvTransposeOptions, DeformConv2dBackward,
     DeformConvOptions, FloatTensor, FloatTensorOps, IntTensor, InterpolateOptions,
     MaxPool2dBackward, MaxPool2dWithIndices, ModuleOps, UnfoldOptions,
 };
-use burn::tensor::{Scalar, TensorMetadata};
 
 use super::common as c;
 use super::dispatch::{is_solo, only, run_batch_with, run2, solo_map};
@@ -111,39 +111,22 @@ fn settle_now<B: Backend>(g: FT<B>, w: Option<&Layout>) -> FT<B> {
 /// For a vocabulary-parallel table (dim 0 sharded in `table`), the rows `lo..hi` a device
 /// holds; `None` for a table whose vocabulary is whole.
 fn vocab_rows(table: &Layout, shape: &[usize]) -> impl Fn(At) -> Option<(usize, usize)> + use<> {
-    let table = table.clone();
-    let shape = shape.to_vec();
+    let sharded = table.dims[0].is_some();
+    let rows = c::rows_of(table, shape, 0);
     move |at| {
-        table.dims[0]?;
-        let At::Device(g) = at else {
-            unreachable!("the embedding runs per device")
-        };
-        let r = &table.shard_ranges(&shape, g)[0];
-        Some((r.start, r.end))
+        sharded.then(|| {
+            let r = rows(at);
+            (r.start, r.end)
+        })
     }
 }
 
-/// Ids `[b, s]` made local to the rows `lo..hi` of a vocabulary-parallel table: `id - lo`, or 0
-/// where the id is outside them; and the mask `[b, s]` of those outside.
-fn local_ids<B: Backend>(ids: IntTensor<B>, lo: usize, hi: usize) -> (IntTensor<B>, BoolTensor<B>) {
-    let dt = burn::tensor::get_device_settings::<B>(&B::int_device(&ids)).bool_dtype;
-    let inside = B::bool_and(
-        B::int_greater_equal_elem(ids.clone(), Scalar::from(lo as i64), dt),
-        B::int_lower_elem(ids.clone(), Scalar::from(hi as i64), dt),
-    );
-    let outside = B::bool_not(inside);
-    let local = B::int_sub_scalar(ids, Scalar::from(lo as i64));
-    (
-        B::int_mask_fill(local, outside.clone(), Scalar::from(0i64)),
-        outside,
-    )
-}
-
-/// `t` `[b, s, d]` with the rows where `outside` `[b, s]` is true set to zero.
+/// `t` `[b, s, d]` with the rows where `outside` `[b, s]` is true set to the sum's identity
+/// (`-0.0`, [`Kind::identity_where`]): the members of a pending sum that hold none of a row.
 fn zero_rows<B: Backend>(t: FloatTensor<B>, outside: BoolTensor<B>) -> FloatTensor<B> {
     let [b, s, d] = t.shape().dims();
     let mask = B::bool_expand(B::bool_reshape(outside, [b, s, 1].into()), [b, s, d].into());
-    B::float_mask_fill(t, mask, Scalar::from(0.0f64))
+    <FloatKind as Kind<B>>::identity_where(t, mask)
 }
 
 macro_rules! batch_op {
@@ -204,7 +187,7 @@ fn table_gradient<B: Backend>(
             match rows(at) {
                 None => B::embedding_backward(table, g, i),
                 Some((lo, hi)) => {
-                    let (local, outside) = local_ids::<B>(i, lo, hi);
+                    let (local, outside) = c::local_indices::<B>(i, lo..hi);
                     let g = zero_rows::<B>(g, outside);
                     if hi > lo {
                         B::embedding_backward(table, g, local)
@@ -550,7 +533,7 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
             |at, w, i| match rows(at) {
                 None => B::embedding(w, i),
                 Some((lo, hi)) => {
-                    let (local, outside) = local_ids::<B>(i, lo, hi);
+                    let (local, outside) = c::local_indices::<B>(i, lo..hi);
                     let d = w.shape()[1];
                     let out = if hi > lo {
                         B::embedding(w, local)

@@ -1,10 +1,15 @@
 //! Indexing ops: slice, select, gather, scatter, cat. Each runs per shard when the dims it
-//! indexes are unsharded (those are gathered first) and the other operands are aligned.
+//! indexes are unsharded (those are gathered first) and the other operands are aligned; but
+//! select, gather and their adds keep a sharded indexed dim and mask instead (the `*_sharded`
+//! rules): every device handles the indices inside its rows of that dim and leaves the others to
+//! their owners, so a vocabulary-sharded table or a class-sharded log-probability is never
+//! gathered (PyTorch DTensor's `MaskPartial` placement and `loss_parallel`, Megatron-LM's
+//! vocab-parallel embedding and cross entropy).
 
 use burn::tensor::Slice;
 
 use super::{Strategy, unsharded_on};
-use crate::layout::Layout;
+use crate::layout::{Layout, ReduceOp};
 
 /// Whether `s` selects the whole of a dim of size `n`.
 pub fn is_full(s: &Slice, n: usize) -> bool {
@@ -62,6 +67,106 @@ pub fn select(t: &Layout, indices: &Layout, dim: usize) -> Strategy {
     }
 }
 
+/// `select(t, dim, indices)` with `t`'s `dim` sharded over mesh axis `a`, for a kind with a
+/// pending sum (float, int; `None` otherwise, for an unsharded `dim`, and where a shard of `t` is
+/// empty): `t` keeps its layout (pending reductions settled), each device selects the indices
+/// inside its rows of `dim` and gives the sum's identity for the others
+/// ([`crate::tensor::Kind::identity_where`]), so the output is a pending sum over `a` with one
+/// member holding each element. The indices keep their sharding, carried to the output's `dim`,
+/// unless `t` uses their axis (then they are replicated). The all-reduce that settles the output
+/// moves the selected rows, where [`select`] all-gathers the whole of `t`.
+pub fn select_sharded(
+    t: &Layout,
+    shape: &[usize],
+    indices: &Layout,
+    dim: usize,
+    pending_sum: bool,
+) -> Option<Strategy> {
+    let a = masked_axis(t, shape, dim, pending_sum)?;
+    let tl = t.without_partial();
+    let mut il = indices.without_partial();
+    if il.dims[0].is_some_and(|b| tl.dims.contains(&Some(b))) {
+        il.dims[0] = None;
+    }
+    let out = tl
+        .clone()
+        .set_dim(dim, il.dims[0])
+        .with_partial(a, ReduceOp::Sum);
+    Some(Strategy {
+        inputs: vec![tl, il],
+        output: out.into(),
+    })
+}
+
+/// `gather(dim, t, indices)` (`indices` of `t`'s shape off `dim`) with `t`'s `dim` sharded over
+/// mesh axis `a`, for a kind with a pending sum: as [`select_sharded`], the output a pending sum
+/// over `a`. `t` keeps its layout (pending reductions settled); the indices' `dim` is whole and
+/// their other dims are sharded as `t`'s, taking an indices' sharding where `t` leaves a dim
+/// whole and the axis free. This is the cross entropy's `log_softmax(logits, 1).gather(1,
+/// targets)` on class-sharded logits: `[batch, 1]` values all-reduced, where [`along_dim_aligned`]
+/// all-gathers the `[batch, classes]` log-probabilities.
+pub fn gather_sharded(
+    t: &Layout,
+    shape: &[usize],
+    indices: &Layout,
+    dim: usize,
+    pending_sum: bool,
+) -> Option<Strategy> {
+    let a = masked_axis(t, shape, dim, pending_sum)?;
+    let (tl, il) = aligned_off(t, indices, dim);
+    let out = il.clone().with_partial(a, ReduceOp::Sum);
+    Some(Strategy {
+        inputs: vec![tl, il],
+        output: out.into(),
+    })
+}
+
+/// `scatter_add(dim, t, indices, values)` (bool: or; `indices` and `values` of one shape, `t`'s
+/// off `dim`) with `t`'s `dim` sharded over a mesh axis (`None` for an unsharded `dim` and where a
+/// shard of `t` is empty): `t` keeps its layout (pending reductions settled), the indices and
+/// values have `dim` whole and their other dims sharded as `t`'s, and each device adds the
+/// updates whose indices fall inside its rows (the others replaced by the identity, [`crate::tensor::Kind::identity_where`]).
+/// No collective, where [`along_dim_aligned`] gathers `t`'s `dim` and leaves the result whole.
+pub fn scatter_sharded(
+    t: &Layout,
+    shape: &[usize],
+    indices: &Layout,
+    dim: usize,
+) -> Option<Strategy> {
+    masked_axis(t, shape, dim, true)?;
+    let (tl, il) = aligned_off(t, indices, dim);
+    Some(Strategy {
+        inputs: vec![tl.clone(), il.clone(), il],
+        output: tl.into(),
+    })
+}
+
+/// The mesh axis sharding `t`'s `dim` where the masked rules apply: a kind with a pending sum
+/// where the rule needs one, and no empty shard of `t` (an empty shard has no row to clamp an
+/// outside index to).
+fn masked_axis(t: &Layout, shape: &[usize], dim: usize, pending_sum: bool) -> Option<usize> {
+    let a = t.dims[dim]?;
+    (pending_sum && !crate::layout::has_empty_shard(t, shape)).then_some(a)
+}
+
+/// `t` settled with its `dim` sharding kept, and `indices` settled with `dim` whole and every
+/// other dim sharded as `t`'s, taking the indices' axis where `t` leaves a dim whole and does not
+/// use the axis (both layouts then agree off `dim`).
+fn aligned_off(t: &Layout, indices: &Layout, dim: usize) -> (Layout, Layout) {
+    let mut tl = t.without_partial();
+    let mut il = unsharded_on(indices, &[dim]);
+    for d in (0..tl.rank()).filter(|&d| d != dim) {
+        if tl.dims[d].is_none()
+            && let Some(b) = il.dims[d]
+            && tl.axis_dim(b).is_none()
+        {
+            tl.dims[d] = Some(b);
+        }
+        il.dims[d] = tl.dims[d];
+    }
+    (tl, il)
+}
+
 /// `select_add(t, dim, indices, values)` (`t` with the rows of `values` added at `indices`
 /// along `dim`; bool: or-ed): the backward of [`select`]. With the indices sharded over an axis
 /// that `t` leaves free, each device adds only its own indices' rows: `t` becomes a pending sum
@@ -72,26 +177,38 @@ pub fn select(t: &Layout, indices: &Layout, dim: usize) -> Strategy {
 /// `values`' `dim` are replicated and every device adds every row to its shard of `t` (`dim`
 /// whole): so for a kind without a pending sum (`sum` false: bool's `select_or`), and where `t`
 /// already waits for another reduction over that axis.
-pub fn select_add(t: &Layout, indices: &Layout, dim: usize, sum: bool) -> Strategy {
-    let tl = unsharded_on(t, &[dim]);
+///
+/// `t`'s `dim` stays sharded where it is (no empty shard): each device adds only the rows whose
+/// indices fall inside its own rows of `dim` (the others' values replaced by the identity,
+/// [`crate::tensor::Kind::identity_where`]), so a vocabulary-sharded table takes its rows'
+/// updates without being gathered; `values`' `dim` then follows the indices as above.
+pub fn select_add(
+    t: &Layout,
+    shape: &[usize],
+    indices: &Layout,
+    dim: usize,
+    sum: bool,
+) -> Strategy {
+    let tl = match masked_axis(t, shape, dim, true) {
+        Some(_) => t.without_partial(),
+        None => unsharded_on(t, &[dim]),
+    };
     let il = indices.without_partial();
     match il.dims[0] {
-        Some(a)
-            if sum
-                && tl.axis_dim(a).is_none()
-                && tl
-                    .partial(a)
-                    .is_none_or(|op| op == crate::layout::ReduceOp::Sum) =>
-        {
+        Some(a) if sum && !tl.dims.contains(&Some(a)) => {
             let values = tl.clone().set_dim(dim, Some(a));
-            let out = tl.with_partial(a, crate::layout::ReduceOp::Sum);
+            let out = tl.with_partial(a, ReduceOp::Sum);
             Strategy {
                 inputs: vec![out.clone(), il, values],
                 output: out.into(),
             }
         }
         _ => Strategy {
-            inputs: vec![tl.clone(), Layout::replicated_on(&tl.mesh, 1), tl.clone()],
+            inputs: vec![
+                tl.clone(),
+                Layout::replicated_on(&tl.mesh, 1),
+                tl.clone().set_dim(dim, None),
+            ],
             output: tl.into(),
         },
     }
