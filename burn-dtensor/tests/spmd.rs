@@ -20,7 +20,7 @@ use burn::backend::ndarray::NdArrayDevice;
 use burn::backend::{Autodiff, NdArray};
 use burn::module::Param;
 use burn::optim::GradientsParams;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{Int, Tensor, TensorData};
 use burn_dtensor::{
     CollectiveKind, DTensorExt, DistributedBackend, DistributedDevice, Layout, Mesh, ReduceOp,
     StridedSend, UNSHARDED, config, configure, distribute, record_comms, settle_gradients, spmd,
@@ -302,6 +302,26 @@ fn ops_and_relayouts_across_processes() {
                     &format!("sum_dim(1) {la}"),
                     x.clone().sum_dim(1),
                     ox.clone().sum_dim(1),
+                );
+                // Indexing a sharded dim: masked per position, a pending sum across processes.
+                let gi: Vec<i64> = (0..shape[0])
+                    .map(|i| ((i * 2 + 1) % shape[1]) as i64)
+                    .collect();
+                let gi = TensorData::new(gi, [shape[0], 1]);
+                let ids = TensorData::new(vec![shape[0] as i64 - 1, 0, 0], [3]);
+                let gidx: Tensor<DB, 2, Int> =
+                    distribute(gi.clone(), &Layout::replicated(&m, 2)).unwrap();
+                let sidx: Tensor<DB, 1, Int> =
+                    distribute(ids.clone(), &Layout::replicated(&m, 1)).unwrap();
+                check(
+                    &format!("gather(1) {la}"),
+                    x.clone().gather(1, gidx),
+                    ox.clone().gather(1, Tensor::from_data(gi, &dev)),
+                );
+                check(
+                    &format!("select(0) {la}"),
+                    x.clone().select(0, sidx),
+                    ox.clone().select(0, Tensor::from_data(ids, &dev)),
                 );
                 for lb in &ls {
                     let y: Tensor<DB, 2> = distribute(dy.clone(), lb).unwrap();
