@@ -1893,7 +1893,9 @@ fn indexing_a_sharded_dim_masks_instead_of_gathering() {
         let dt = data(&[vocab, d], 7);
         let rows = Layout::new(&m, ["v", UNSHARDED]).unwrap();
         let table = || dist::<2>(&dt, &rows);
-        let ids: Vec<i64> = vec![0, 10, 3, 3, 5, 2, 8, 9];
+        // Few enough indices that the masked lookup's all-reduce moves less than gathering the
+        // table (2 x 4 rows against 11 or 12): ends of the table, a shard's first row, a repeat.
+        let ids: Vec<i64> = vec![0, vocab as i64 - 1, 3, 3];
         let di = TensorData::new(ids.clone(), [ids.len()]);
         let idx = || dist_int::<1>(&di, &Layout::replicated(&m, 1));
         let no_gather = |what: &str, log: &burn_dtensor::CommLog| {
@@ -1901,7 +1903,7 @@ fn indexing_a_sharded_dim_masks_instead_of_gathering() {
             assert_eq!(log.count(CollectiveKind::AllToAll), 0, "{what}: {log}");
         };
 
-        // select: a pending sum over `v`, settled by one all-reduce of the [8, 3] rows.
+        // select: a pending sum over `v`, settled by one all-reduce of the [4, 3] rows.
         let (y, log) = record_comms(|| table().select(0, idx()));
         assert!(log.events.is_empty(), "select: {log}");
         assert_eq!(
@@ -1915,6 +1917,18 @@ fn indexing_a_sharded_dim_masks_instead_of_gathering() {
             "{log}"
         );
         check("select", y, orc::<2>(&dt).select(0, orc_int::<1>(&di)));
+        // As many indices as rows: an all-reduce of the output would move more than gathering
+        // the table, so the table is gathered (one all-gather, a settled output).
+        let many = TensorData::new((0..vocab as i64).rev().collect::<Vec<i64>>(), [vocab]);
+        let (y, log) =
+            record_comms(|| table().select(0, dist_int::<1>(&many, &Layout::replicated(&m, 1))));
+        assert!(!y.layout().is_partial(), "{}", y.layout());
+        assert_eq!(log.count(CollectiveKind::AllGather), 1, "{log}");
+        check(
+            "select, many",
+            y,
+            orc::<2>(&dt).select(0, orc_int::<1>(&many)),
+        );
 
         // gather along the sharded dim: the cross entropy's pick of each row's target class.
         let (n, c) = (5, vocab);

@@ -308,7 +308,7 @@ fn ops_and_relayouts_across_processes() {
                     .map(|i| ((i * 2 + 1) % shape[1]) as i64)
                     .collect();
                 let gi = TensorData::new(gi, [shape[0], 1]);
-                let ids = TensorData::new(vec![shape[0] as i64 - 1, 0, 0], [3]);
+                let ids = TensorData::new(vec![shape[0] as i64 - 1, 0], [2]);
                 let gidx: Tensor<DB, 2, Int> =
                     distribute(gi.clone(), &Layout::replicated(&m, 2)).unwrap();
                 let sidx: Tensor<DB, 1, Int> =

@@ -844,8 +844,14 @@ pub fn gather<B: Backend, K: Kind<B>, KI: Kind<B, P = IntTensor<B>>>(
         return solo_map(t, |x| f(dim, x, only(idx)));
     }
     if same_off(&t.shape, &idx.shape, dim)
-        && let Some(s) =
-            index::gather_sharded(&t.layout, &t.shape, &idx.layout, dim, K::PENDING_SUM)
+        && let Some(s) = index::gather_sharded(
+            &t.layout,
+            &t.shape,
+            &idx.layout,
+            &idx.shape,
+            dim,
+            K::PENDING_SUM,
+        )
     {
         let rows = rows_of(&s.inputs[0], &t.shape, dim);
         let shape = idx.shape.clone();
@@ -984,7 +990,14 @@ pub fn select<B: Backend, K: Kind<B>, KI: Kind<B, P = IntTensor<B>>>(
     }
     let mut shape = t.shape.clone();
     shape[dim] = idx.shape[0];
-    if let Some(s) = index::select_sharded(&t.layout, &t.shape, &idx.layout, dim, K::PENDING_SUM) {
+    if let Some(s) = index::select_sharded(
+        &t.layout,
+        &t.shape,
+        &idx.layout,
+        idx.shape[0],
+        dim,
+        K::PENDING_SUM,
+    ) {
         let rows = rows_of(&s.inputs[0], &t.shape, dim);
         return run2::<B, K, KI, K>(t, idx, &s, shape, false, |at, x, i| {
             let (local, outside) = local_indices::<B>(i, rows(at));

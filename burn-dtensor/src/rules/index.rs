@@ -74,11 +74,13 @@ pub fn select(t: &Layout, indices: &Layout, dim: usize) -> Strategy {
 /// ([`crate::tensor::Kind::identity_where`]), so the output is a pending sum over `a` with one
 /// member holding each element. The indices keep their sharding, carried to the output's `dim`,
 /// unless `t` uses their axis (then they are replicated). The all-reduce that settles the output
-/// moves the selected rows, where [`select`] all-gathers the whole of `t`.
+/// moves the selected rows, where [`select`] all-gathers the whole of `t`: chosen when that
+/// moves fewer bytes ([`masking_pays`]; `None` otherwise). `n` is the number of indices.
 pub fn select_sharded(
     t: &Layout,
     shape: &[usize],
     indices: &Layout,
+    n: usize,
     dim: usize,
     pending_sum: bool,
 ) -> Option<Strategy> {
@@ -88,13 +90,15 @@ pub fn select_sharded(
     if il.dims[0].is_some_and(|b| tl.dims.contains(&Some(b))) {
         il.dims[0] = None;
     }
-    let out = tl
-        .clone()
-        .set_dim(dim, il.dims[0])
-        .with_partial(a, ReduceOp::Sum);
+    let out = tl.clone().set_dim(dim, il.dims[0]);
+    let mut out_shape = shape.to_vec();
+    out_shape[dim] = n;
+    if !masking_pays(&out, &out_shape, &tl, shape, dim) {
+        return None;
+    }
     Some(Strategy {
         inputs: vec![tl, il],
-        output: out.into(),
+        output: out.with_partial(a, ReduceOp::Sum).into(),
     })
 }
 
@@ -104,21 +108,43 @@ pub fn select_sharded(
 /// their other dims are sharded as `t`'s, taking an indices' sharding where `t` leaves a dim
 /// whole and the axis free. This is the cross entropy's `log_softmax(logits, 1).gather(1,
 /// targets)` on class-sharded logits: `[batch, 1]` values all-reduced, where [`along_dim_aligned`]
-/// all-gathers the `[batch, classes]` log-probabilities.
+/// all-gathers the `[batch, classes]` log-probabilities. Chosen when that moves fewer bytes
+/// ([`masking_pays`]; `None` otherwise); `indices_shape` is the indices' (and output's) shape.
 pub fn gather_sharded(
     t: &Layout,
     shape: &[usize],
     indices: &Layout,
+    indices_shape: &[usize],
     dim: usize,
     pending_sum: bool,
 ) -> Option<Strategy> {
     let a = masked_axis(t, shape, dim, pending_sum)?;
     let (tl, il) = aligned_off(t, indices, dim);
+    if !masking_pays(&il, indices_shape, &tl, shape, dim) {
+        return None;
+    }
     let out = il.clone().with_partial(a, ReduceOp::Sum);
     Some(Strategy {
         inputs: vec![tl, il],
         output: out.into(),
     })
+}
+
+/// Whether a masked lookup's all-reduce of its output (`out` of global `out_shape`, settled)
+/// moves no more than gathering `t`'s `dim` (laid out as `t`, global `shape`) would: twice the
+/// per-device output at most the per-device gathered `t` (a ring all-reduce moves about twice
+/// its buffer, an all-gather its result once). The measure of the vocabulary-parallel embedding
+/// ([`super::module::embedding`]); PyTorch DTensor costs its strategies by the same bytes.
+pub fn masking_pays(
+    out: &Layout,
+    out_shape: &[usize],
+    t: &Layout,
+    shape: &[usize],
+    dim: usize,
+) -> bool {
+    let numel = |v: Vec<usize>| v.iter().product::<usize>();
+    let gathered = numel(unsharded_on(t, &[dim]).shard_shape(shape, 0));
+    2 * numel(out.shard_shape(out_shape, 0)) <= gathered
 }
 
 /// `scatter_add(dim, t, indices, values)` (bool: or; `indices` and `values` of one shape, `t`'s

@@ -34,10 +34,11 @@ pub fn batch_parallel(x: &Layout, batched: &[bool], ranks: &[usize], out_rank: u
 ///
 /// - A table sharded over the vocabulary on an axis the ids leave free is *vocabulary
 ///   parallel* (Megatron's `VocabParallelEmbedding`): each device looks up only the ids in its
-///   rows (zeros for the others), so the output is a pending sum over that axis. That is
-///   chosen unless its all-reduce moves more bytes than gathering the table: twice the
-///   per-device output (`[batch, seq, d]` of the ids' and the table's shards) at most the
-///   per-device gathered table (`vocab x d`-shard). Else the table is gathered (a position
+///   rows (the sum's identity for the others), so the output is a pending sum over that axis.
+///   That is chosen unless its all-reduce moves more bytes than gathering the table
+///   ([`super::index::masking_pays`]: twice the per-device output, `[batch, seq, d]` of the
+///   ids' and the table's shards, at most the per-device gathered table, `vocab x d`-shard), as
+///   for `select` and `gather` on a sharded dim. Else the table is gathered (a position
 ///   embedding's `[seq, d]` table looked up by replicated positions under FSDP).
 /// - A table sharded over the vocabulary on an axis that also shards the ids' sequence
 ///   (Megatron-SP, `tp-sp`) stays vocabulary parallel by the same measure, with the ids
@@ -74,12 +75,15 @@ pub fn embedding(weights: &Layout, table: &[usize], ids: &Layout, ids_shape: &[u
         }
     }
     if wl.dims[0].is_some() {
-        let d = wl.shard_shape(table, 0)[1];
-        let out: usize = lookup.shard_shape(ids_shape, 0).iter().product::<usize>() * d;
-        if 2 * out > table[0] * d {
-            wl.dims[0] = None;
-        } else {
+        let out = Layout::replicated_on(&lookup.mesh, 3)
+            .set_dim(0, lookup.dims[0])
+            .set_dim(1, lookup.dims[1])
+            .set_dim(2, wl.dims[1]);
+        let out_shape = [ids_shape[0], ids_shape[1], table[1]];
+        if super::index::masking_pays(&out, &out_shape, &wl, table, 0) {
             il = lookup;
+        } else {
+            wl.dims[0] = None;
         }
     }
     let mut out = Layout::replicated_on(&il.mesh, 3)
