@@ -726,8 +726,9 @@ pub fn process_block(layout: &Layout, shape: &[usize]) -> Result<Vec<std::ops::R
 
 /// Builds a distributed tensor of global shape `shape` from one inner tensor per mesh device
 /// (TensorFlow DTensor's `pack`, PyTorch's `DTensor.from_local`), checked against `layout`:
-/// shard `i` must have the per-shard shape `layout` gives device `i` (see
-/// [`Layout::shard_ranges`]). Replicated dims must hold equal values on every device, which is
+/// shard `i` must be on the device of mesh position `i` ([`Mesh::devices`](crate::Mesh::devices);
+/// JAX's `make_array_from_single_device_arrays` checks the same) and have the per-shard shape
+/// `layout` gives device `i` (see [`Layout::shard_ranges`]). Replicated dims must hold equal values on every device, which is
 /// not checked (as in PyTorch).
 ///
 /// ```
@@ -760,6 +761,8 @@ pub fn process_block(layout: &Layout, shape: &[usize]) -> Result<Vec<std::ops::R
 /// [`DTensorError::ShardCountMismatch`] when `shards.len()` is not the mesh size,
 /// [`DTensorError::ShardShapeMismatch`] for a shard of the wrong shape,
 /// [`DTensorError::ShardDtypeMismatch`] for a shard of another dtype than the first,
+/// [`DTensorError::ShardDeviceMismatch`] for a shard on another device than its mesh
+/// position's ([`Mesh::devices`](crate::Mesh::devices)),
 /// [`DTensorError::RankMismatch`] when the layout's rank is not `D`,
 /// [`DTensorError::UnknownMesh`] when the layout's mesh is not a mesh of `B`'s devices.
 pub fn from_local_shards<B, const D: usize, K>(
@@ -773,7 +776,7 @@ where
     <K as BasicOps<B>>::Elem: burn::tensor::Element,
 {
     layout.check_rank(D)?;
-    mesh_of_layout::<DistributedBackend<B>>(layout)?;
+    let mesh = mesh_of_layout::<DistributedBackend<B>>(layout)?;
     let n = layout.mesh.local_size();
     if shards.len() != n {
         return Err(DTensorError::ShardCountMismatch {
@@ -798,6 +801,14 @@ where
                 index: i,
                 found: format!("{:?}", s.dtype()),
                 expected: format!("{:?}", shards[0].dtype()),
+            });
+        }
+        let (found, expected) = (s.device(), &mesh.devices()[i]);
+        if &found != expected {
+            return Err(DTensorError::ShardDeviceMismatch {
+                index: i,
+                found: format!("{found:?}"),
+                expected: format!("{expected:?}"),
             });
         }
     }

@@ -153,6 +153,20 @@ pub enum DTensorError {
         /// Shard 0's dtype, displayed.
         expected: String,
     },
+    /// A local shard on another device than the one its mesh position is on: the ops that use
+    /// it would run on the wrong device, or fail inside the inner backend on operands of two
+    /// devices.
+    #[error(
+        "shard {index} is on device {found} but its mesh position is on {expected}; move it there first (`Tensor::to_device`)"
+    )]
+    ShardDeviceMismatch {
+        /// Flat device index.
+        index: usize,
+        /// The shard's device, displayed.
+        found: String,
+        /// The device of its mesh position, displayed.
+        expected: String,
+    },
     /// A mesh description string (`batch=4,model=2`) that does not parse.
     #[error(
         "cannot parse mesh `{spec}`: {reason}; write it as `axis=size,axis=size`, e.g. `batch=4,model=2`"

@@ -755,3 +755,23 @@ backend_suite!(cuda, crate::common::CudaPlain, Default::default());
 // the fused Cuda backend, as on fused Wgpu.
 #[cfg(all(feature = "cuda", feature = "fusion"))]
 backend_suite!(cuda_fusion, burn::backend::Cuda, Default::default());
+
+/// `from_local_shards` refuses a shard on another device than its mesh position's, naming both:
+/// Wgpu's `Cpu` and `DefaultDevice` are two devices of a mesh, and both shards are made on the
+/// first (no op runs on the second).
+#[cfg(feature = "wgpu")]
+#[test]
+fn a_shard_on_another_device_is_a_typed_error() {
+    use burn::backend::wgpu::WgpuDevice;
+    use burn_dtensor::{DTensorError, from_local_shards};
+    let m = Mesh::new([("x", 2)], vec![WgpuDevice::Cpu, WgpuDevice::DefaultDevice]).unwrap();
+    let rows = Layout::batch_sharded(&m, "x", 2).unwrap();
+    let shards = vec![Tensor::<common::WgpuPlain, 2>::zeros([1, 3], &WgpuDevice::Cpu); 2];
+    let err = from_local_shards(shards, [2, 3], &rows).unwrap_err();
+    assert!(
+        matches!(&err, DTensorError::ShardDeviceMismatch { index: 1, found, expected }
+            if found.contains("Cpu") && expected.contains("DefaultDevice")),
+        "{err}"
+    );
+    assert!(err.to_string().contains("to_device"), "{err}");
+}
