@@ -1,10 +1,11 @@
 //! Indexing ops: slice, select, gather, scatter, cat. Each runs per shard when the dims it
 //! indexes are unsharded (those are gathered first) and the other operands are aligned; but
 //! select, gather and their adds keep a sharded indexed dim and mask instead (the `*_sharded`
-//! rules): every device handles the indices inside its rows of that dim and leaves the others to
-//! their owners, so a vocabulary-sharded table or a class-sharded log-probability is never
-//! gathered (PyTorch DTensor's `MaskPartial` placement and `loss_parallel`, Megatron-LM's
-//! vocab-parallel embedding and cross entropy).
+//! rules; select and gather where that moves fewer bytes, [`masking_pays`]): every device handles
+//! the indices inside its rows of that dim and leaves the others to their owners, so a
+//! vocabulary-sharded table or a class-sharded log-probability is not gathered (PyTorch DTensor's
+//! `MaskPartial` placement and `loss_parallel`, Megatron-LM's vocab-parallel embedding and cross
+//! entropy).
 
 use burn::tensor::Slice;
 

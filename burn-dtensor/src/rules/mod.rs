@@ -14,7 +14,7 @@
 //! | matmul (batched) | [`matmul`] | batch/free dims sharded, sharded contracting dim -> partial sum |
 //! | sum, mean, max, min, prod, arg*, cumulative | [`reduce`] | partial sum over a reduced sharded dim |
 //! | swap_dims, permute, reshape, expand, flip, unfold | [`view`] | dims carried through |
-//! | slice, select, gather, scatter, cat | [`index`] | per shard when the indexed dim is unsharded; select, gather and their adds masked on a sharded one (a pending sum) |
+//! | slice, select, gather, scatter, cat | [`index`] | per shard when the indexed dim is unsharded; select, gather (where cheaper) and their adds masked on a sharded one |
 //! | batch-parallel module ops (conv, pool, interpolate, attention); embedding | [`module`] | dim 0 kept; the ids' sharding |
 //! | everything else | [`fallback`] | replicated |
 
