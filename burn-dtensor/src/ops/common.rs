@@ -843,7 +843,8 @@ pub fn gather<B: Backend, K: Kind<B>, KI: Kind<B, P = IntTensor<B>>>(
     if is_solo(&t) {
         return solo_map(t, |x| f(dim, x, only(idx)));
     }
-    if same_off(&t.shape, &idx.shape, dim)
+    let aligned = same_off(&t.shape, &idx.shape, dim);
+    if aligned
         && let Some(s) = index::gather_sharded(
             &t.layout,
             &t.shape,
@@ -860,7 +861,7 @@ pub fn gather<B: Backend, K: Kind<B>, KI: Kind<B, P = IntTensor<B>>>(
             K::identity_where(f(dim, x, local), outside)
         });
     }
-    let s = if same_off(&t.shape, &idx.shape, dim) {
+    let s = if aligned {
         index::along_dim_aligned(&[&t.layout, &idx.layout], dim)
     } else {
         fallback::replicate(&[&t.layout, &idx.layout], idx.shape.len())
@@ -897,10 +898,8 @@ pub fn scatter<B: Backend, K: Kind<B>, KI: Kind<B, P = IntTensor<B>>>(
     if is_solo(&t) {
         return solo_map(t, |x| f(dim, x, only(idx), only(value)));
     }
-    if same_off(&t.shape, &idx.shape, dim)
-        && idx.shape == value.shape
-        && let Some(s) = index::scatter_sharded(&t.layout, &t.shape, &idx.layout, dim)
-    {
+    let aligned = same_off(&t.shape, &idx.shape, dim) && idx.shape == value.shape;
+    if aligned && let Some(s) = index::scatter_sharded(&t.layout, &t.shape, &idx.layout, dim) {
         let rows = rows_of(&s.inputs[0], &t.shape, dim);
         let shape = t.shape.clone();
         return run3::<B, K, KI, K, K>(t, idx, value, &s, shape, false, |at, x, i, v| {
@@ -908,7 +907,7 @@ pub fn scatter<B: Backend, K: Kind<B>, KI: Kind<B, P = IntTensor<B>>>(
             f(dim, x, local, K::identity_where(v, outside))
         });
     }
-    let s = if same_off(&t.shape, &idx.shape, dim) && idx.shape == value.shape {
+    let s = if aligned {
         index::along_dim_aligned(&[&t.layout, &idx.layout, &value.layout], dim)
     } else {
         fallback::replicate(&[&t.layout, &idx.layout, &value.layout], t.shape.len())
