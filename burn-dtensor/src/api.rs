@@ -728,8 +728,8 @@ pub fn process_block(layout: &Layout, shape: &[usize]) -> Result<Vec<std::ops::R
 /// (TensorFlow DTensor's `pack`, PyTorch's `DTensor.from_local`), checked against `layout`:
 /// shard `i` must be on the device of mesh position `i` ([`Mesh::devices`](crate::Mesh::devices);
 /// JAX's `make_array_from_single_device_arrays` checks the same) and have the per-shard shape
-/// `layout` gives device `i` (see [`Layout::shard_ranges`]). Replicated dims must hold equal values on every device, which is
-/// not checked (as in PyTorch).
+/// `layout` gives device `i` (see [`Layout::shard_ranges`]). Replicated dims must hold equal
+/// values on every device, which is not checked (as in PyTorch).
 ///
 /// ```
 /// use burn::backend::NdArray;

@@ -152,8 +152,9 @@ pub fn masking_pays(
 /// off `dim`) with `t`'s `dim` sharded over a mesh axis (`None` for an unsharded `dim` and where a
 /// shard of `t` is empty): `t` keeps its layout (pending reductions settled), the indices and
 /// values have `dim` whole and their other dims sharded as `t`'s, and each device adds the
-/// updates whose indices fall inside its rows (the others replaced by the identity, [`crate::tensor::Kind::identity_where`]).
-/// No collective, where [`along_dim_aligned`] gathers `t`'s `dim` and leaves the result whole.
+/// updates whose indices fall inside its rows (the others replaced by the identity,
+/// [`crate::tensor::Kind::identity_where`]). No collective, where [`along_dim_aligned`] gathers
+/// `t`'s `dim` and leaves the result whole.
 pub fn scatter_sharded(
     t: &Layout,
     shape: &[usize],
