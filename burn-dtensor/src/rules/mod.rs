@@ -15,9 +15,11 @@
 //! | sum, mean, max, min, prod, arg*, cumulative | [`reduce`] | partial sum over a reduced sharded dim |
 //! | swap_dims, permute, reshape, expand, flip, unfold | [`view`] | dims carried through |
 //! | slice, select, gather, scatter, cat | [`index`] | per shard when the indexed dim is unsharded; select, gather (where cheaper) and their adds masked on a sharded one |
-//! | batch-parallel module ops (conv, pool, interpolate, attention); embedding | [`module`] | dim 0 kept; the ids' sharding |
+//! | convolutions (conv1d/2d/3d) and their gradients | [`conv`] | batch and spatial dims kept (halo exchange), channels whole |
+//! | batch-parallel module ops (transposed conv, pool, interpolate, attention); embedding | [`module`] | dim 0 kept; the ids' sharding |
 //! | everything else | [`fallback`] | replicated |
 
+pub mod conv;
 pub mod fallback;
 pub mod index;
 pub mod matmul;
