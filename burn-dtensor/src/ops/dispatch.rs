@@ -480,6 +480,27 @@ pub(crate) fn run_batch_with<B: Backend, R: TensorMetadata + Clone + Send>(
     DTensor::from_parts(shape, layout, shards)
 }
 
+/// Runs `f(j)` for every addressable position `j` of `xs`, each distinct shard once (positions
+/// that differ only along axes none of `layouts` shards share its result, [`dedupe_plan`]) and
+/// on worker threads where large ([`par_min`]): the executor's loop for an op that lays its
+/// operands out itself (the halo convolution, `ops/conv.rs`).
+pub(crate) fn run_positions<B: Backend, R: Clone + Send>(
+    xs: &DTensor<B::FloatTensorPrimitive>,
+    layouts: &[&Layout],
+    f: impl Fn(usize) -> R + Sync,
+) -> Vec<R> {
+    use crate::tensor::FloatKind;
+    let plan = plan_for::<B, FloatKind>(xs.per_device(), layouts);
+    let positions: Vec<usize> = (0..plan.len()).collect();
+    run_each(
+        positions,
+        &plan,
+        work(xs.per_device()),
+        threads_for::<B>(),
+        |_, j| f(j),
+    )
+}
+
 /// Creation on a mesh, shard-local: the result has the creation layout
 /// ([`crate::creation::layout_for`]: a scoped creation layout, else the mesh's policy) and each
 /// distinct shard is made by `f(device, per-shard shape)` (stacked virtual meshes: one call with

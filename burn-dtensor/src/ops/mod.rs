@@ -65,6 +65,7 @@ pub mod dispatch;
 
 mod activation;
 mod bool_tensor;
+mod conv;
 mod float;
 mod int;
 mod module;

@@ -1,11 +1,13 @@
 //! `ModuleOps` for the decorator. `embedding` and its backward have their own rule (the ids'
 //! sharding carried to the output). `linear` and its backward are Burn's default formulas with
 //! the weight kept where the layout map put it (`Keep::Weight` in `rules/matmul.rs`: Megatron's
-//! stationary weights; a plain matmul would be free to gather the weight instead). `conv1d`,
-//! `layer_norm` and the 1-D pools are Burn's defaults built on the float primitives (so they
-//! inherit the efficient rules); the ops below are required by Burn and run batch-parallel
-//! (input sharded on dim 0, weights replicated) or, for the rare ones, through the gather
-//! fallback.
+//! stationary weights; a plain matmul would be free to gather the weight instead). The
+//! convolutions (`conv1d` through `conv2d`, as Burn's default; `conv2d`, `conv3d`) and their
+//! input, weight and bias gradients run on `ops/conv.rs` (`rules/conv.rs`: batch and spatial
+//! dims kept sharded, halos exchanged between neighbours). `layer_norm` and the 1-D pools are
+//! Burn's defaults built on the float primitives (so they inherit the efficient rules); the
+//! other ops below are required by Burn and run batch-parallel (input sharded on dim 0, weights
+//! replicated) or, for the rare ones, through the gather fallback.
 
 use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
@@ -16,6 +18,7 @@ use burn::tensor::ops::{
 };
 
 use super::common as c;
+use super::conv;
 use super::dispatch::{is_solo, only, run_batch_with, run2, solo_map};
 use super::weight_grads;
 use crate::backend::DistributedBackend;
@@ -154,6 +157,76 @@ macro_rules! batch_op {
     };
 }
 
+/// The convolutions of one rank and their gradients through `ops/conv.rs` (the rule
+/// `rules::conv`: batch and spatial dims kept sharded, halos exchanged).
+macro_rules! conv_ops {
+    ($n:literal: $fwd:ident, $dx:ident, $dw:ident, $db:ident) => {
+        /// `[batch, channels_in, spatial...]` by `[channels_out, channels_in / groups,
+        /// kernel...]` (global shapes), per device on its block and halo (`rules/conv.rs`).
+        fn $fwd(
+            x: FloatTensor<Self>,
+            weight: FloatTensor<Self>,
+            bias: Option<FloatTensor<Self>>,
+            options: ConvOptions<$n>,
+        ) -> FloatTensor<Self> {
+            conv::forward::<B, $n>(x, weight, bias, options, B::$fwd)
+        }
+        fn $dx(
+            x: FloatTensor<Self>,
+            weight: FloatTensor<Self>,
+            output_grad: FloatTensor<Self>,
+            options: ConvOptions<$n>,
+        ) -> FloatTensor<Self> {
+            conv::x_backward::<B, $n>(x, weight, output_grad, options, B::$dx)
+        }
+        fn $dw(
+            x: FloatTensor<Self>,
+            weight: FloatTensor<Self>,
+            output_grad: FloatTensor<Self>,
+            options: ConvOptions<$n>,
+        ) -> FloatTensor<Self> {
+            conv::weight_backward::<B, $n>(x, weight, output_grad, options, B::$dw)
+        }
+        fn $db(
+            _x: FloatTensor<Self>,
+            bias: FloatTensor<Self>,
+            output_grad: FloatTensor<Self>,
+        ) -> FloatTensor<Self> {
+            bias_gradient::<B>(&bias, output_grad)
+        }
+    };
+}
+
+/// A convolution's bias gradient `[channels_out]`: the output gradient
+/// `[batch, channels_out, spatial...]` summed over every dim but the channels (a pending sum
+/// over the axes sharding them, as any sum of a sharded dim).
+fn bias_gradient<B: Backend>(bias: &FT<B>, output_grad: FT<B>) -> FT<B> {
+    type D<B> = DistributedBackend<B>;
+    let r = output_grad.shape.len();
+    let g = (2..r)
+        .rev()
+        .fold(output_grad, |g, d| D::<B>::float_sum_dim(g, d));
+    D::<B>::float_reshape(D::<B>::float_sum_dim(g, 0), bias.shape.clone().into())
+}
+
+/// A 1-D convolution's operand `[a, b, length]` as `[a, b, length, 1]` (Burn's
+/// `conv1d_from_conv2d`).
+fn as_2d<B: Backend>(t: FT<B>) -> FT<B> {
+    let mut dims = t.shape.clone();
+    dims.push(1);
+    DistributedBackend::<B>::float_reshape(t, dims.into())
+}
+
+/// The 2-D options of a 1-D convolution run as [`as_2d`].
+fn options_2d(o: &ConvOptions<1>) -> ConvOptions<2> {
+    ConvOptions::new(
+        [o.stride[0], 1],
+        [o.padding[0], 0],
+        [o.dilation[0], 1],
+        o.groups,
+    )
+}
+
 /// The embedding table's gradient `[vocab, d]` of `output_grad` `[batch, seq, d]` (see
 /// `embedding_backward`, which wraps it to settle from a pending gradient's settled value).
 /// Only the table's layout and shape are used. With `settle`, a pending sum over an axis that
@@ -284,8 +357,40 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         }
         settle_now::<B>(g, weight.as_deref())
     }
-    batch_op!(conv conv2d, ConvOptions<2>);
-    batch_op!(conv conv3d, ConvOptions<3>);
+    conv_ops!(2: conv2d, conv2d_x_backward, conv2d_weight_backward, conv2d_bias_backward);
+    conv_ops!(3: conv3d, conv3d_x_backward, conv3d_weight_backward, conv3d_bias_backward);
+    /// Burn's `conv1d_x_backward` as the 2-D one of `[batch, channels, length, 1]` (as its
+    /// forward, `conv1d_from_conv2d`), so a sharded length keeps its halo form.
+    fn conv1d_x_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+        options: ConvOptions<1>,
+    ) -> FloatTensor<Self> {
+        let shape = x.shape.clone();
+        let (x, w, g) = (as_2d::<B>(x), as_2d::<B>(weight), as_2d::<B>(output_grad));
+        let dx = Self::conv2d_x_backward(x, w, g, options_2d(&options));
+        Self::float_reshape(dx, shape.into())
+    }
+    /// As [`Self::conv1d_x_backward`], for the weight `[channels_out, channels_in, kernel]`.
+    fn conv1d_weight_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+        options: ConvOptions<1>,
+    ) -> FloatTensor<Self> {
+        let shape = weight.shape.clone();
+        let (x, w, g) = (as_2d::<B>(x), as_2d::<B>(weight), as_2d::<B>(output_grad));
+        let dw = Self::conv2d_weight_backward(x, w, g, options_2d(&options));
+        Self::float_reshape(dw, shape.into())
+    }
+    fn conv1d_bias_backward(
+        _x: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        bias_gradient::<B>(&bias, output_grad)
+    }
     batch_op!(conv conv_transpose2d, ConvTransposeOptions<2>);
     batch_op!(conv conv_transpose3d, ConvTransposeOptions<3>);
 

@@ -1,8 +1,8 @@
-//! Batch-parallel module ops (conv, pooling, interpolate, attention): with the input sharded
-//! only along dim 0 (the batch) and every other operand replicated, each shard runs the inner op
-//! on its own samples and the output keeps the batch sharding. Any other layout is first
-//! redistributed to that form. The embedding lookup and its backward (below) carry the ids'
-//! sharding instead.
+//! Batch-parallel module ops (transposed convolutions, pooling, interpolate, attention; the
+//! convolutions have their own rule, [`super::conv`]): with the input sharded only along dim 0
+//! (the batch) and every other operand replicated, each shard runs the inner op on its own
+//! samples and the output keeps the batch sharding. Any other layout is first redistributed to
+//! that form. The embedding lookup and its backward (below) carry the ids' sharding instead.
 
 use super::Strategy;
 use crate::layout::{Layout, ReduceOp};
