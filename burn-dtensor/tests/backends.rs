@@ -710,6 +710,65 @@ pub fn masked_indexing<I: Backend>(device: I::Device) {
     }
 }
 
+/// A convolution of an image sharded over its height and width (halo exchanges, the inner
+/// backend's `conv2d` and its input and weight gradients per device), and over batch and
+/// height: the output, the input's, weight's and bias's gradients against the inner backend's
+/// `Autodiff` on the whole tensors (same padding, stride 2).
+pub fn spatial_convolution<I: Backend>(device: I::Device) {
+    use burn::tensor::module::conv2d;
+    use burn::tensor::ops::ConvOptions;
+    type Ad<I> = burn::backend::Autodiff<I>;
+    type Dd<I> = burn::backend::Autodiff<DistributedBackend<I>>;
+    let m = mesh::<I>(&device);
+    let wave = |n: usize, f: f32| (0..n).map(|i| (i as f32 * f).sin()).collect::<Vec<_>>();
+    let (dx, dw, db) = (
+        TensorData::new(wave(2 * 3 * 9 * 8, 0.31), [2, 3, 9, 8]),
+        TensorData::new(wave(4 * 3 * 3 * 3, 0.53), [4, 3, 3, 3]),
+        TensorData::new(wave(4, 0.7), [4]),
+    );
+    for stride in [1, 2] {
+        let opts = || ConvOptions::new([stride, stride], [1, 1], [1, 1], 1);
+        let run = |x: Tensor<Ad<I>, 4>, w: Tensor<Ad<I>, 4>, b: Tensor<Ad<I>, 1>| {
+            let y = conv2d(x.clone(), w.clone(), Some(b.clone()), opts());
+            let g = (y.clone() * y.clone().sin()).sum().backward();
+            let grad = |t: &Tensor<Ad<I>, 4>| t.grad(&g).unwrap().into_data().convert::<f32>();
+            let gb = b.grad(&g).unwrap().into_data().convert::<f32>();
+            [y.into_data().convert::<f32>(), grad(&x), grad(&w), gb]
+        };
+        let want = run(
+            Tensor::from_data(dx.clone(), &device).require_grad(),
+            Tensor::from_data(dw.clone(), &device).require_grad(),
+            Tensor::from_data(db.clone(), &device).require_grad(),
+        );
+        for spec in [
+            ["unsharded", "unsharded", "a", "b"],
+            ["a", "unsharded", "b", "unsharded"],
+        ] {
+            let xl = Layout::new(&m, spec).unwrap();
+            let x: Tensor<Dd<I>, 4> = distribute(dx.clone(), &xl).unwrap();
+            let rep = |r| Layout::replicated(&m, r);
+            let w: Tensor<Dd<I>, 4> = distribute(dw.clone(), &rep(4)).unwrap();
+            let b: Tensor<Dd<I>, 1> = distribute(db.clone(), &rep(1)).unwrap();
+            let (x, w, b) = (x.require_grad(), w.require_grad(), b.require_grad());
+            let y = conv2d(x.clone(), w.clone(), Some(b.clone()), opts());
+            assert_eq!(y.layout().dims(), xl.dims(), "stride {stride} on {xl}");
+            let g = (y.clone() * y.clone().sin()).sum().backward();
+            let gx = x.grad(&g).unwrap();
+            assert_eq!(gx.layout().dims(), xl.dims(), "stride {stride} on {xl}");
+            let got = [
+                y.into_data().convert::<f32>(),
+                gx.into_data().convert::<f32>(),
+                w.grad(&g).unwrap().into_data().convert::<f32>(),
+                b.grad(&g).unwrap().into_data().convert::<f32>(),
+            ];
+            // The output, then the input's, weight's and bias's gradients.
+            for (g, w) in got.iter().zip(&want) {
+                g.assert_approx_eq::<f32>(w, tol());
+            }
+        }
+    }
+}
+
 /// The suite's tests, instantiated per backend by `common::suite!`.
 macro_rules! backend_suite {
     ($name:ident, $backend:ty, $device:expr) => {
@@ -727,7 +786,8 @@ macro_rules! backend_suite {
                 deferred_partials,
                 narrow_model_products,
                 created_dtypes,
-                masked_indexing
+                masked_indexing,
+                spatial_convolution
             ]
         );
     };

@@ -2225,3 +2225,145 @@ fn products_keep_a_pending_sum_pending_on_the_activation_path() {
         );
     }
 }
+
+/// Spatial parallelism: a convolution of an input sharded over its height (and width) keeps
+/// those shards, each device convolving its block plus the halo rows its output reads, received
+/// in one all-gather of small strips per sharded spatial dim; never the whole input. Same
+/// padding, strides, dilation, even kernels, uneven blocks, a grouped convolution, and both
+/// spatial dims sharded (the corners come through the second exchange); `conv1d` (Burn's, through
+/// `conv2d`) with a sharded length and a `conv3d` with a sharded depth. Values and every shard
+/// against NdArray on the whole tensors, stacked and per device.
+#[test]
+fn convolution_keeps_spatial_shards_with_halos() {
+    use burn::tensor::module::{conv1d, conv2d, conv3d};
+    use burn::tensor::ops::ConvOptions;
+    // (kernel, stride, padding, dilation, groups, [height, width]); channels 6 -> 4.
+    let cases: &[(usize, usize, usize, usize, usize, [usize; 2])] = &[
+        (3, 1, 1, 1, 1, [16, 10]),
+        (3, 2, 1, 1, 1, [15, 10]),
+        (5, 1, 2, 1, 2, [24, 18]),
+        (3, 1, 0, 2, 1, [28, 26]),
+        (2, 1, 0, 1, 1, [13, 11]),
+        (4, 3, 2, 1, 1, [18, 12]),
+        (1, 1, 0, 1, 1, [12, 8]),
+    ];
+    let meshes: [(&[(&str, usize)], [&str; 4], bool); 3] = [
+        (
+            &[("batch", 2), ("h", 4)],
+            ["batch", UNSHARDED, "h", UNSHARDED],
+            true,
+        ),
+        (
+            &[("h", 2), ("w", 4)],
+            [UNSHARDED, UNSHARDED, "h", "w"],
+            true,
+        ),
+        (
+            &[("w", 2), ("batch", 2), ("h", 2)],
+            ["batch", UNSHARDED, "h", "w"],
+            false,
+        ),
+    ];
+    for (axes, spec, stacked) in meshes {
+        let m = Mesh::virtual_devices(axes.iter().copied(), Dev::default())
+            .unwrap()
+            .with_stacked_execution(stacked);
+        let xl = Layout::new(&m, spec).unwrap();
+        for (i, &(k, s, p, d, g, [h, w])) in cases.iter().enumerate() {
+            let ctx =
+                format!("{xl}, kernel {k} stride {s} padding {p} dilation {d} groups {g}, {h}x{w}");
+            let (dx, dw, db) = (
+                data(&[4, 6, h, w], 70 + i as u64),
+                data(&[4, 6 / g, k, k], 80 + i as u64),
+                data(&[4], 90 + i as u64),
+            );
+            let opts = || ConvOptions::new([s, s], [p, p], [d, d], g);
+            let rep = |r| Layout::replicated(&m, r);
+            let (y, log) = record_comms(|| {
+                conv2d(
+                    dist::<4>(&dx, &xl),
+                    dist::<4>(&dw, &rep(4)),
+                    Some(dist::<1>(&db, &rep(1))),
+                    opts(),
+                )
+            });
+            // Each sharded spatial dim keeps its axis (in these cases every window reaches at
+            // most into its neighbours' blocks and the strips are fewer rows than the dim), and
+            // only the strips move: one all-gather per dim whose windows reach past its block,
+            // never the input's spatial extent on that dim.
+            assert_eq!(y.layout().dims(), xl.dims(), "{ctx}: {}", y.layout());
+            let halo_dims: Vec<usize> = if k == 1 {
+                vec![]
+            } else {
+                (2..4).filter(|&d| spec[d] != UNSHARDED).collect()
+            };
+            assert_eq!(
+                log.count(CollectiveKind::AllGather),
+                halo_dims.len(),
+                "{ctx}: {log}"
+            );
+            assert_eq!(log.events.len(), halo_dims.len(), "{ctx}: {log}");
+            for (e, d) in log.events.iter().zip(&halo_dims) {
+                assert!(e.shape[*d] < dx.shape[*d], "{ctx}: {log}");
+            }
+            let want = burn::tensor::module::conv2d(
+                orc::<4>(&dx),
+                orc::<4>(&dw),
+                Some(orc::<1>(&db)),
+                opts(),
+            );
+            check(&ctx, y, want);
+        }
+    }
+
+    // conv1d of a sharded length (Burn's conv1d runs through conv2d), conv3d of a sharded depth.
+    let m = Mesh::virtual_devices([("batch", 2), ("t", 4)], Dev::default()).unwrap();
+    let (dx, dw, db) = (data(&[2, 3, 21], 5), data(&[4, 3, 3], 6), data(&[4], 7));
+    let opts = || ConvOptions::new([1], [1], [1], 1);
+    let (y, log) = record_comms(|| {
+        conv1d(
+            dist::<3>(&dx, &Layout::new(&m, ["batch", UNSHARDED, "t"]).unwrap()),
+            dist::<3>(&dw, &Layout::replicated(&m, 3)),
+            Some(dist::<1>(&db, &Layout::replicated(&m, 1))),
+            opts(),
+        )
+    });
+    assert_eq!(y.layout().sharding_spec(), ["batch", UNSHARDED, "t"]);
+    assert_eq!(log.count(CollectiveKind::AllGather), 1, "conv1d: {log}");
+    check(
+        "conv1d",
+        y,
+        conv1d(orc::<3>(&dx), orc::<3>(&dw), Some(orc::<1>(&db)), opts()),
+    );
+    // A window past the neighbour's block (kernel 9 over blocks of 2 or 3): the length is
+    // gathered, the batch kept.
+    let wide = || ConvOptions::new([1], [4], [1], 1);
+    let dk = data(&[4, 3, 9], 11);
+    let y = conv1d(
+        dist::<3>(&dx, &Layout::new(&m, ["batch", UNSHARDED, "t"]).unwrap()),
+        dist::<3>(&dk, &Layout::replicated(&m, 3)),
+        None,
+        wide(),
+    );
+    assert_eq!(y.layout().sharding_spec(), ["batch", UNSHARDED, UNSHARDED]);
+    check(
+        "conv1d, wide",
+        y,
+        conv1d(orc::<3>(&dx), orc::<3>(&dk), None, wide()),
+    );
+    let (dx, dw) = (data(&[2, 2, 12, 5, 4], 8), data(&[3, 2, 3, 3, 3], 9));
+    let opts = || ConvOptions::new([1, 1, 1], [1, 1, 1], [1, 1, 1], 1);
+    let xl = Layout::new(&m, ["batch", UNSHARDED, "t", UNSHARDED, UNSHARDED]).unwrap();
+    let y = conv3d(
+        dist::<5>(&dx, &xl),
+        dist::<5>(&dw, &Layout::replicated(&m, 5)),
+        None,
+        opts(),
+    );
+    assert_eq!(y.layout().dims(), xl.dims());
+    check(
+        "conv3d",
+        y,
+        conv3d(orc::<5>(&dx), orc::<5>(&dw), None, opts()),
+    );
+}

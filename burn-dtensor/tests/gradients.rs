@@ -141,7 +141,7 @@ struct Reader<'a, B: AutodiffBackend> {
 }
 
 impl<'a, B: AutodiffBackend> Reader<'a, B> {
-    fn read(model: &Net<B>, grads: Option<&'a B::Gradients>) -> Vec<(String, TensorData)> {
+    fn read<M: Module<B>>(model: &M, grads: Option<&'a B::Gradients>) -> Vec<(String, TensorData)> {
         let mut r = Self {
             path: Vec::new(),
             grads,
@@ -706,5 +706,102 @@ fn gradients_cross_meshes() {
         assert_eq!(g.device(), d1);
         g.into_data()
             .assert_approx_eq::<f32>(&want, burn::tensor::Tolerance::default());
+    }
+}
+
+/// A small CNN of `burn::nn` convolutions (same padding, then stride 2).
+#[derive(Module, Debug)]
+struct Cnn<B: Backend> {
+    conv1: burn::nn::conv::Conv2d<B>,
+    conv2: burn::nn::conv::Conv2d<B>,
+    conv3: burn::nn::conv::Conv1d<B>,
+}
+
+impl<B: Backend> Cnn<B> {
+    fn new(device: &B::Device) -> Self {
+        use burn::nn::PaddingConfig2d;
+        use burn::nn::conv::{Conv1dConfig, Conv2dConfig};
+        Self {
+            conv1: Conv2dConfig::new([3, 4], [3, 3])
+                .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+                .init(device),
+            conv2: Conv2dConfig::new([4, 2], [3, 3])
+                .with_stride([2, 2])
+                .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+                .init(device),
+            conv3: Conv1dConfig::new(2, 2, 3)
+                .with_padding(burn::nn::PaddingConfig1d::Explicit(1, 1))
+                .init(device),
+        }
+    }
+    /// `x` `[batch, 3, h, w]` -> a scalar: the convolutions, then a weighted sum (so every
+    /// output position has its own gradient).
+    fn loss(&self, x: Tensor<B, 4>) -> Tensor<B, 1> {
+        let y = self.conv2.forward(relu(self.conv1.forward(x)));
+        let [n, c, h, w] = y.dims();
+        // The rows as a sequence for the 1-D convolution: [n * c, ?, h] is not a module input,
+        // so run it over the width of each row: [n, c, h * w] keeps the height's sharding.
+        let z = self.conv3.forward(y.reshape([n, c, h * w]));
+        let weights = Tensor::<B, 1, Int>::arange(0..(n * c * h * w) as i64, &z.device())
+            .float()
+            .reshape([n, c, h * w])
+            .sin();
+        (z * weights).sum()
+    }
+}
+
+/// Spatial parallelism through `burn::nn`'s `Conv2d` and `Conv1d`: the image sharded over the
+/// batch, its height and its width (the mesh `batch=2, h=2, w=2`); the loss, every parameter's
+/// gradient and the input's equal `Autodiff<NdArray>`'s on the whole tensors, the input gradient
+/// in the input's layout, and no collective moves an activation's whole height and width (only
+/// halo strips, the parameters' gradients and the 1-D convolution's gathered width move).
+#[test]
+fn spatial_parallel_convolution() {
+    let dev = Dev::default();
+    let mesh = Mesh::virtual_devices([("batch", 2), ("h", 2), ("w", 2)], dev).unwrap();
+    let (n, h, w) = (4, 12, 10);
+    let x = TensorData::new(
+        (0..n * 3 * h * w)
+            .map(|i| (i as f32 * 0.37).sin())
+            .collect::<Vec<_>>(),
+        [n, 3, h, w],
+    );
+    let reference = Cnn::<Ref>::new(&dev);
+    let xr = Tensor::<Ref, 4>::from_data(x.clone(), &dev).require_grad();
+    let loss = reference.loss(xr.clone());
+    let grads = loss.backward();
+    let want_x = xr.grad(&grads).unwrap().into_data();
+    let want_loss = loss.into_data();
+    let want = Reader::read(&reference, Some(&grads));
+
+    let mdev = DistributedDevice::new(mesh.clone());
+    let values = Reader::read(&reference, None);
+    let model = Cnn::<Dist>::new(&mdev).map(&mut Writer(values.iter()));
+    let xl = Layout::new(&mesh, ["batch", "unsharded", "h", "w"]).unwrap();
+    let xd: Tensor<Dist, 4> = distribute(x, &xl).unwrap();
+    let xd = xd.require_grad();
+    let ((loss, grads), comms) = record_comms(|| {
+        let loss = model.loss(xd.clone());
+        let grads = loss.backward();
+        (loss, grads)
+    });
+    // No collective moves an image or activation over its whole height and width.
+    assert!(
+        comms
+            .events
+            .iter()
+            .all(|e| e.shape.len() != 4 || e.shape[2] < h || e.shape[3] < w),
+        "{comms}"
+    );
+    assert!(comms.count(CollectiveKind::AllGather) > 0, "{comms}");
+    loss.into_data().assert_approx_eq::<f32>(&want_loss, tol());
+    let gx = xd.grad(&grads).unwrap();
+    assert_eq!(gx.layout().dims(), xl.dims(), "{}", gx.layout());
+    gx.into_data().assert_approx_eq::<f32>(&want_x, tol());
+    let got = Reader::read(&model, Some(&grads));
+    assert_eq!(got.len(), 6);
+    for ((p, a), (q, b)) in want.iter().zip(&got) {
+        assert_eq!(p, q);
+        b.assert_approx_eq::<f32>(a, tol());
     }
 }
