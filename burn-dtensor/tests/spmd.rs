@@ -1194,6 +1194,136 @@ fn gradients_across_processes() {
     done(name);
 }
 
+/// Spatial parallelism across processes: a convolution (padding 1, a bias) of an image sharded
+/// on its height (and width, on two-axis meshes), halos exchanged between neighbours that live
+/// in other processes, and its input, weight and bias gradients: every process's shards hold
+/// their chunk of `Autodiff<NdArray>` on the whole tensors, the input gradient keeps the
+/// input's layout, and the gathered values are bitwise those of the same mesh in one process.
+#[test]
+fn spatial_convolution_across_processes() {
+    let name = "spatial_convolution_across_processes";
+    if launched(name, &[2, 4]) {
+        return;
+    }
+    use burn::tensor::module::conv2d;
+    use burn::tensor::ops::ConvOptions;
+    type AD = Autodiff<DB>;
+    type AN = Autodiff<N>;
+    let dev = Dev::default();
+    let vals = |shape: [usize; 4], seed: usize| {
+        let n = shape.iter().product::<usize>();
+        let v: Vec<f32> = (0..n)
+            .map(|i| (((i * 7 + seed * 13) % 33) as f32 - 16.0) / 8.0)
+            .collect();
+        TensorData::new(v, shape)
+    };
+    let (sx, sw, sy) = ([2, 2, 9, 10], [3, 2, 3, 3], [2, 3, 9, 10]);
+    let (dx, dw, dy) = (vals(sx, 1), vals(sw, 2), vals(sy, 3));
+    let db = TensorData::new(vec![0.5f32, -0.25, 1.0], [3]);
+    let opts = || ConvOptions::new([1, 1], [1, 1], [1, 1], 1);
+    let ox = Tensor::<AN, 4>::from_data(dx.clone(), &dev).require_grad();
+    let ow = Tensor::<AN, 4>::from_data(dw.clone(), &dev).require_grad();
+    let ob = Tensor::<AN, 1>::from_data(db.clone(), &dev).require_grad();
+    let oy = Tensor::<AN, 4>::from_data(dy.clone(), &dev);
+    let oout = conv2d(ox.clone(), ow.clone(), Some(ob.clone()), opts());
+    let og = (oout.clone() * oy).sum().backward();
+    let want = [
+        oout.inner().into_data(),
+        ox.grad(&og).unwrap().into_data(),
+        ow.grad(&og).unwrap().into_data(),
+        ob.grad(&og).unwrap().into_data(),
+    ];
+    // The whole run on mesh `m` (input `spec`): output, input, weight and bias gradients.
+    let run = |m: &Mesh<Dev>, spec: &[&str]| {
+        let lx = Layout::new(m, spec.to_vec()).unwrap();
+        let x: Tensor<AD, 4> = distribute(dx.clone(), &lx).unwrap();
+        let x = x.require_grad();
+        let w: Tensor<AD, 4> = distribute(dw.clone(), &Layout::replicated(m, 4)).unwrap();
+        let w = w.require_grad();
+        let b: Tensor<AD, 1> = distribute(db.clone(), &Layout::replicated(m, 1)).unwrap();
+        let b = b.require_grad();
+        let y: Tensor<AD, 4> = distribute(dy.clone(), &lx).unwrap();
+        let out = conv2d(x.clone(), w.clone(), Some(b.clone()), opts());
+        assert_eq!(out.layout(), lx, "{m}: the output keeps the spatial shards");
+        let g = (out.clone() * y).sum().backward();
+        let gx = x.grad(&g).unwrap();
+        assert_eq!(
+            gx.layout(),
+            lx,
+            "{m}: the input gradient keeps the input's layout"
+        );
+        let (gw, gb) = (w.grad(&g).unwrap(), b.grad(&g).unwrap());
+        (out.inner(), gx, gw, gb)
+    };
+    let world = spmd::init().unwrap();
+    for m in meshes() {
+        let axes: Vec<String> = m.topology().axes().iter().map(|a| a.0.clone()).collect();
+        let spec: Vec<&str> = if axes.len() == 1 {
+            vec![UNSHARDED, UNSHARDED, &axes[0], UNSHARDED]
+        } else {
+            vec![UNSHARDED, UNSHARDED, &axes[0], &axes[1]]
+        };
+        let what = format!("{m} x {spec:?}");
+        let (out, gx, gw, gb) = run(&m, &spec);
+        // This process's shards of the output and the input gradient: their chunks.
+        for (t, w, label) in [(&out, &want[0], "output"), (&gx, &want[1], "dx")] {
+            let whole = Tensor::<N, 4>::from_data(w.clone(), &dev);
+            let l = t.layout();
+            let topo = l.mesh().clone();
+            let shards = t.clone().to_local_shards();
+            assert_eq!(shards.len(), topo.local_size(), "{what} {label}: shards");
+            for (j, s) in shards.into_iter().enumerate() {
+                let r = l.shard_ranges(t.dims().as_slice(), topo.global(j));
+                let chunk =
+                    whole
+                        .clone()
+                        .slice([r[0].clone(), r[1].clone(), r[2].clone(), r[3].clone()]);
+                close(
+                    &format!(
+                        "{what} {label}: position {} of rank {}",
+                        topo.global(j),
+                        world.rank()
+                    ),
+                    &s.into_data().to_vec::<f32>().unwrap(),
+                    &chunk.into_data().to_vec::<f32>().unwrap(),
+                );
+            }
+        }
+        let got = [
+            out.into_data(),
+            gx.into_data(),
+            gw.into_data(),
+            gb.into_data(),
+        ];
+        // The same mesh in one process.
+        let size = m.topology().size();
+        let one = Mesh::new(
+            m.topology().axes().iter().map(|(a, k)| (a.as_str(), *k)),
+            vec![dev; size],
+        )
+        .unwrap();
+        let (oo, ogx, ogw, ogb) = run(&one, &spec);
+        let alone = [
+            oo.into_data(),
+            ogx.into_data(),
+            ogw.into_data(),
+            ogb.into_data(),
+        ];
+        for (i, label) in ["output", "dx", "dw", "db"].iter().enumerate() {
+            close(
+                &format!("{what} {label}"),
+                &got[i].to_vec::<f32>().unwrap(),
+                &want[i].to_vec::<f32>().unwrap(),
+            );
+            assert_eq!(
+                got[i], alone[i],
+                "{what} {label}: bitwise the one-process mesh"
+            );
+        }
+    }
+    done(name);
+}
+
 /// Gradient buckets ([`settle_gradients`], DDP's `bucket_cap_mb`): the data-parallel gradients
 /// of a two-layer network settle with one cross-process all-reduce per bucket of the cap, each
 /// bucket the gradients laid end to end in parameter order; the values are bitwise those of the
