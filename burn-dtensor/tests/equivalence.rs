@@ -2238,7 +2238,10 @@ fn convolution_keeps_spatial_shards_with_halos() {
     use burn::tensor::module::{conv1d, conv2d, conv3d};
     use burn::tensor::ops::ConvOptions;
     // (kernel, stride, padding, dilation, groups, [height, width]); channels 6 -> 4.
-    let cases: &[(usize, usize, usize, usize, usize, [usize; 2])] = &[
+    type Case = (usize, usize, usize, usize, usize, [usize; 2]);
+    // (mesh axes, the input's sharding spec, stacked).
+    type OnMesh = (&'static [(&'static str, usize)], [&'static str; 4], bool);
+    let cases: &[Case] = &[
         (3, 1, 1, 1, 1, [16, 10]),
         (3, 2, 1, 1, 1, [15, 10]),
         (5, 1, 2, 1, 2, [24, 18]),
@@ -2247,7 +2250,7 @@ fn convolution_keeps_spatial_shards_with_halos() {
         (4, 3, 2, 1, 1, [18, 12]),
         (1, 1, 0, 1, 1, [12, 8]),
     ];
-    let meshes: [(&[(&str, usize)], [&str; 4], bool); 3] = [
+    let meshes: [OnMesh; 3] = [
         (
             &[("batch", 2), ("h", 4)],
             ["batch", UNSHARDED, "h", UNSHARDED],

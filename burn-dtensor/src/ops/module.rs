@@ -203,9 +203,7 @@ macro_rules! conv_ops {
 fn bias_gradient<B: Backend>(bias: &FT<B>, output_grad: FT<B>) -> FT<B> {
     type D<B> = DistributedBackend<B>;
     let r = output_grad.shape.len();
-    let g = (2..r)
-        .rev()
-        .fold(output_grad, |g, d| D::<B>::float_sum_dim(g, d));
+    let g = (2..r).rev().fold(output_grad, D::<B>::float_sum_dim);
     D::<B>::float_reshape(D::<B>::float_sum_dim(g, 0), bias.shape.clone().into())
 }
 
