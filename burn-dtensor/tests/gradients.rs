@@ -739,8 +739,8 @@ impl<B: Backend> Cnn<B> {
     fn loss(&self, x: Tensor<B, 4>) -> Tensor<B, 1> {
         let y = self.conv2.forward(relu(self.conv1.forward(x)));
         let [n, c, h, w] = y.dims();
-        // The rows as a sequence for the 1-D convolution: [n * c, ?, h] is not a module input,
-        // so run it over the width of each row: [n, c, h * w] keeps the height's sharding.
+        // The 1-D convolution over each channel's pixels laid end to end, `[n, c, h * w]` (the
+        // reshape's rule decides which of the spatial shardings the merged dim keeps).
         let z = self.conv3.forward(y.reshape([n, c, h * w]));
         let weights = Tensor::<B, 1, Int>::arange(0..(n * c * h * w) as i64, &z.device())
             .float()
