@@ -38,6 +38,10 @@ pub enum CollectiveKind {
     AllToAll,
     /// One device's value to all.
     Broadcast,
+    /// Each device's piece to the device a fixed distance along the axis (XLA's
+    /// collective-permute, JAX's `ppermute`, MPI's `MPI_Sendrecv`): the halo exchange between
+    /// neighbouring spatial shards of a convolution.
+    CollectivePermute,
 }
 
 impl fmt::Display for CollectiveKind {
@@ -48,6 +52,7 @@ impl fmt::Display for CollectiveKind {
             Self::ReduceScatter => "reduce-scatter",
             Self::AllToAll => "all-to-all",
             Self::Broadcast => "broadcast",
+            Self::CollectivePermute => "collective-permute",
         };
         f.write_str(s)
     }

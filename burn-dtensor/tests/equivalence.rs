@@ -2228,7 +2228,7 @@ fn products_keep_a_pending_sum_pending_on_the_activation_path() {
 
 /// Spatial parallelism: a convolution of an input sharded over its height (and width) keeps
 /// those shards, each device convolving its block plus the halo rows its output reads, received
-/// in one all-gather of small strips per sharded spatial dim; never the whole input. Same
+/// from its neighbours in one collective permute per sharded spatial dim; never the whole input. Same
 /// padding, strides, dilation, even kernels, uneven blocks, a grouped convolution, and both
 /// spatial dims sharded (the corners come through the second exchange); `conv1d` (Burn's, through
 /// `conv2d`) with a sharded length and a `conv3d` with a sharded depth. Values and every shard
@@ -2292,8 +2292,11 @@ fn convolution_keeps_spatial_shards_with_halos() {
             });
             // Each sharded spatial dim keeps its axis (in these cases every window reaches at
             // most into its neighbours' blocks and the strips are fewer rows than the dim), and
-            // only the strips move: one all-gather per dim whose windows reach past its block,
-            // never the input's spatial extent on that dim.
+            // only the strips move: one collective permute per dim whose windows reach past its
+            // block, never the input's spatial extent on that dim, each strip received by one
+            // neighbour only: of the pieces' global shape (`k` strips side by side on the dim),
+            // the `k - 1` that have a neighbour on their side, where an all-gather would move
+            // every strip to `k - 1` devices.
             assert_eq!(y.layout().dims(), xl.dims(), "{ctx}: {}", y.layout());
             let halo_dims: Vec<usize> = if k == 1 {
                 vec![]
@@ -2301,13 +2304,20 @@ fn convolution_keeps_spatial_shards_with_halos() {
                 (2..4).filter(|&d| spec[d] != UNSHARDED).collect()
             };
             assert_eq!(
-                log.count(CollectiveKind::AllGather),
+                log.count(CollectiveKind::CollectivePermute),
                 halo_dims.len(),
                 "{ctx}: {log}"
             );
             assert_eq!(log.events.len(), halo_dims.len(), "{ctx}: {log}");
             for (e, d) in log.events.iter().zip(&halo_dims) {
                 assert!(e.shape[*d] < dx.shape[*d], "{ctx}: {log}");
+                let parts = axes.iter().find(|a| a.0 == spec[*d]).unwrap().1 as u64;
+                let numel: usize = e.shape.iter().product();
+                assert_eq!(
+                    e.bytes * parts,
+                    numel as u64 * 4 * (parts - 1),
+                    "{ctx}: {log}"
+                );
             }
             let want = burn::tensor::module::conv2d(
                 orc::<4>(&dx),
@@ -2332,7 +2342,11 @@ fn convolution_keeps_spatial_shards_with_halos() {
         )
     });
     assert_eq!(y.layout().sharding_spec(), ["batch", UNSHARDED, "t"]);
-    assert_eq!(log.count(CollectiveKind::AllGather), 1, "conv1d: {log}");
+    assert_eq!(
+        log.count(CollectiveKind::CollectivePermute),
+        1,
+        "conv1d: {log}"
+    );
     check(
         "conv1d",
         y,

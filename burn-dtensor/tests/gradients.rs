@@ -794,6 +794,10 @@ fn spatial_parallel_convolution() {
         "{comms}"
     );
     assert!(comms.count(CollectiveKind::AllGather) > 0, "{comms}");
+    assert!(
+        comms.count(CollectiveKind::CollectivePermute) > 0,
+        "{comms}"
+    );
     loss.into_data().assert_approx_eq::<f32>(&want_loss, tol());
     let gx = xd.grad(&grads).unwrap();
     assert_eq!(gx.layout().dims(), xl.dims(), "{}", gx.layout());

@@ -571,6 +571,63 @@ pub(crate) fn all_to_all<B: Backend, K: Kind<B>>(
     )
 }
 
+/// The across-process part of a collective permute along `axis` (see
+/// [`super::generic::collective_permute`]): `sends` are this process's pieces for devices of
+/// other processes, each with its destination's rank in `pg`, and `from` is, for each piece
+/// expected here, the rank it comes from and its shape (one entry per piece, in the order the
+/// senders list them: by piece kind, then by coordinate). Each process sends every other
+/// process the pieces addressed to it back to back in one personalised exchange (`MPI_Alltoallv`
+/// with zero counts for the processes it does not talk to: only the neighbours' pieces move).
+/// Returns the received pieces in `from`'s order, on `device`, and the bytes received.
+pub(crate) fn permute<B: Backend, K: Kind<B>>(
+    sends: Vec<(usize, K::P)>,
+    from: &[(usize, Vec<usize>)],
+    (dtype, device): (DType, &B::Device),
+    (pg, topo, axis): (&Arc<dyn ProcessGroup>, &MeshTopology, usize),
+    global: &[usize],
+) -> (Vec<K::P>, u64) {
+    let p = pg.size();
+    let es = dtype.size();
+    // The pieces for each rank, back to back in the order they were listed.
+    let mut parts: Vec<Vec<u8>> = vec![Vec::new(); p];
+    for (q, x) in sends {
+        assert!(
+            q != pg.rank(),
+            "burn-dtensor: a collective permute sends to its own process"
+        );
+        parts[q].extend_from_slice(Outgoing::new::<B, K>(x).bytes());
+    }
+    let send_counts: Vec<usize> = parts.iter().map(Vec::len).collect();
+    let send: Vec<u8> = parts.concat();
+    let numel = |s: &[usize]| s.iter().product::<usize>();
+    let mut recv_counts = vec![0; p];
+    for (q, s) in from {
+        recv_counts[*q] += numel(s) * es;
+    }
+    let recv_at = offsets(&recv_counts);
+    let total: usize = recv_counts.iter().sum();
+    let w = what(CollectiveKind::CollectivePermute, topo, axis, global);
+    // SAFETY: the engine writes every byte of `got` (`ProcessGroup`'s contract).
+    let got = unsafe {
+        HostBuffer::received(total, dtype, |got| {
+            pg.all_to_all_into(&send, &send_counts, &recv_counts, got, &w)
+        })
+    };
+    // Each received piece cut from its rank's part, in listing order.
+    let mut cursor = recv_at;
+    let pieces = from
+        .iter()
+        .map(|(q, s)| {
+            let n = numel(s) * es;
+            let at = cursor[*q];
+            cursor[*q] += n;
+            let bytes = got.as_bytes()[at..at + n].to_vec();
+            K::from_data(TensorData::from_bytes_vec(bytes, s.clone(), dtype), device)
+        })
+        .collect();
+    (pieces, total as u64)
+}
+
 /// The range of a dim of global size `n` (split in `k` chunks over an axis) held by process
 /// `q`, which owns `l` consecutive coordinates of the axis.
 pub(crate) fn block(n: usize, k: usize, l: usize, q: usize) -> Range<usize> {

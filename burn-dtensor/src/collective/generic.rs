@@ -422,6 +422,103 @@ pub fn all_to_all<B: Backend, K: Kind<B>>(
     );
 }
 
+/// Collective permute along `axis` (XLA's collective-permute, JAX's `ppermute` with the pairs
+/// `(c, c + shift)`): for each shift `shifts[s]`, device `i` (coordinate `c` on the axis) sends
+/// `sends[s][i]` to the device of its group at coordinate `c + shift`, where there is one (the
+/// axis is not cyclic: a piece with no device there is dropped). Returns `received[s][i]`, the
+/// piece device `i` got from coordinate `c - shift`, on its device (`None` at the axis' ends).
+/// A halo exchange is the shifts `[+1, -1]`: each device's edge rows to both neighbours.
+///
+/// Only the pieces move: `Σ_s (k - |shift_s|)` pieces per group, against `k (k - 1)` for an
+/// all-gather of them. Across processes, pieces between devices of one process are moved
+/// locally and the rest go in one personalised exchange along the axis' process group
+/// ([`across::permute`]), every process calling it once per in-process group. `sends[s]` holds
+/// a piece for every position of this process (one shape per shift within a group: a receiver
+/// sizes what it gets from its own piece); `global` is the shape recorded in the
+/// [`CommDebugMode`](crate::CommDebugMode) log (the pieces' global shape, for the caller to
+/// choose). Recorded as one [`CollectiveKind::CollectivePermute`], its bytes those received;
+/// no shift, no collective.
+pub fn collective_permute<B: Backend, K: Kind<B>>(
+    sends: &[Vec<K::P>],
+    topo: &MeshTopology,
+    axis: usize,
+    shifts: &[isize],
+    global: &[usize],
+) -> Vec<Vec<Option<K::P>>> {
+    let k = topo.axis_size(axis) as isize;
+    let l = topo.local_axis_size(axis) as isize;
+    let coord = |i: usize| topo.coord(topo.global(i), axis) as isize;
+    let n = sends.first().map_or(0, Vec::len);
+    let mut out: Vec<Vec<Option<K::P>>> = shifts.iter().map(|_| vec![None; n]).collect();
+    if shifts.is_empty() {
+        // Nothing to move: no collective (and none recorded).
+        return out;
+    }
+    let pg = across::group(topo, axis);
+    let (mut bytes, mut remote) = (0, 0);
+    for group in topo.local_groups(axis) {
+        let first = coord(group[0]);
+        // The position of this process holding coordinate `c` of this group, if any.
+        let local = |c: isize| {
+            (first..first + group.len() as isize)
+                .contains(&c)
+                .then(|| group[(c - first) as usize])
+        };
+        let mut remote_sends = Vec::new();
+        let mut remote_from = Vec::new();
+        let mut lands = Vec::new();
+        for (s, &shift) in shifts.iter().enumerate() {
+            for &i in &group {
+                let to = coord(i) + shift;
+                if (0..k).contains(&to) {
+                    let piece = sends[s][i].clone();
+                    match local(to) {
+                        Some(dst) => {
+                            bytes += nbytes(&piece);
+                            let dev = K::device(&sends[s][dst]);
+                            out[s][dst] = Some(if K::device(&piece) == dev {
+                                piece
+                            } else {
+                                K::to_device(piece, &dev)
+                            });
+                        }
+                        None => remote_sends.push(((to / l) as usize, piece)),
+                    }
+                }
+            }
+            for &i in &group {
+                let src = coord(i) - shift;
+                if (0..k).contains(&src) && local(src).is_none() {
+                    remote_from.push(((src / l) as usize, sends[s][i].shape().to_vec()));
+                    lands.push((s, i));
+                }
+            }
+        }
+        let Some(pg) = pg else { continue };
+        let like = &sends[0][group[0]];
+        let (got, b) = across::permute::<B, K>(
+            remote_sends,
+            &remote_from,
+            (like.dtype(), &K::device(like)),
+            (pg, topo, axis),
+            global,
+        );
+        remote += b;
+        for ((s, i), piece) in lands.into_iter().zip(got) {
+            let dev = K::device(&sends[s][i]);
+            out[s][i] = Some(K::to_device(piece, &dev));
+        }
+    }
+    comm::record_across(
+        CollectiveKind::CollectivePermute,
+        topo.axis_name(axis),
+        bytes,
+        remote,
+        global,
+    );
+    out
+}
+
 /// Broadcast along `axis` from the member with coordinate `root`.
 #[allow(dead_code)] // no layout change needs it in one process; the multi-process path will
 pub fn broadcast<B: Backend, K: Kind<B>>(

@@ -3,16 +3,19 @@
 //! its block plus a halo from its neighbours (spatial parallelism); with no sharded spatial dim
 //! the batch-parallel form ([`run_batch_with`]).
 //!
-//! **The halo exchange** of a spatial dim is one all-gather along its mesh axis of a strip per
-//! block, its first `right` and last `left` rows (`parts × (left + right)` rows, small beside
-//! the blocks), from which each device takes its neighbours' rows: the one collective the
-//! project already runs and counts in and across processes, so the exchange is bitwise the
-//! same on any process count. Each device's *window* (the rows its output chunk reads, the
-//! padding's zeros included, the convolution then run unpadded on that dim) is padded to the
-//! longest window, so windows of every device form a tensor of even chunks and a second sharded
-//! spatial dim exchanges them in turn (its strips carry the first dim's halo rows: the corners).
-//! The input gradient is the adjoint: each device's window gradient, its halo rows all-gathered
-//! back and added into the neighbours' blocks, dims in reverse order.
+//! **The halo exchange** of a spatial dim is one collective permute along its mesh axis
+//! ([`collective_permute`], XLA's collective-permute): each block sends its last `left` rows to
+//! its right neighbour and its first `right` rows to its left one, so a device receives
+//! `left + right` rows whatever the axis size (an all-gather of the strips, the first
+//! implementation, received `(parts - 1) × (left + right)`). Across processes only the pieces
+//! between neighbouring processes cross, in one personalised exchange; values are moved, never
+//! combined, so the exchange is bitwise the same on any process count. Each device's *window*
+//! (the rows its output chunk reads, the padding's zeros included, the convolution then run
+//! unpadded on that dim) is padded to the longest window, so windows of every device form a
+//! tensor of even chunks and a second sharded spatial dim exchanges them in turn (its pieces
+//! carry the first dim's halo rows: the corners). The input gradient is the adjoint: each
+//! device's window gradient, the gradient of its halo rows sent back to the neighbours that own
+//! them and added into their blocks, dims in reverse order.
 //!
 //! The weight and bias gradients are pending sums over every axis that shards the input, as a
 //! linear layer's data-parallel gradient, reduce-scattered at once onto an FSDP-sharded weight
@@ -24,6 +27,7 @@ use burn::tensor::{Shape, Slice, TensorMetadata};
 
 use super::dispatch::{run_batch_with, run_positions};
 use super::weight_grads;
+use crate::collective::generic::collective_permute;
 use crate::layout::{Layout, ReduceOp};
 use crate::redistribute::execute;
 use crate::rules::conv::{ConvPlan, Halo, conv};
@@ -102,37 +106,69 @@ fn coord_of(t: &Layout, h: &Halo, j: usize) -> usize {
     t.mesh.coord(t.mesh.global(j), h.axis)
 }
 
-/// Every device's `strip(c, shard)` (`left + right` rows of `h.dim`), all-gathered along `h`'s
-/// axis: each device gets the strips of its axis group in coordinate order.
-fn exchange<B: Backend>(t: &FT<B>, h: &Halo, strip: impl Fn(usize, &P<B>) -> P<B>) -> Vec<P<B>> {
-    let strips: Vec<P<B>> = (t.per_device().iter().enumerate())
-        .map(|(j, p)| strip(coord_of(&t.layout, h, j), p))
-        .collect();
+/// Per device, the pieces received from its left and its right neighbour ([`exchange`]).
+type Received<B> = Vec<(Option<P<B>>, Option<P<B>>)>;
+
+/// The piece a device sends a neighbour, from its coordinate on the axis and its shard.
+type Piece<'a, B> = &'a dyn Fn(usize, &P<B>) -> P<B>;
+
+/// The halo exchange along `h`'s axis: every device sends `to_right(c, shard)` to its right
+/// neighbour and `to_left(c, shard)` to its left one (`None`: that direction carries no rows),
+/// in one collective permute. Returns, per device, what came from its left and from its right
+/// neighbour (`None` at the axis' ends and for a direction that carries nothing).
+fn exchange<B: Backend>(
+    t: &FT<B>,
+    h: &Halo,
+    to_right: Option<Piece<'_, B>>,
+    to_left: Option<Piece<'_, B>>,
+) -> Received<B> {
+    let pieces = |f: Piece<'_, B>| -> Vec<P<B>> {
+        (t.per_device().iter().enumerate())
+            .map(|(j, p)| f(coord_of(&t.layout, h, j), p))
+            .collect()
+    };
+    let (mut sends, mut shifts) = (Vec::new(), Vec::new());
+    for (f, shift) in [(to_right, 1), (to_left, -1)] {
+        if let Some(f) = f {
+            sends.push(pieces(f));
+            shifts.push(shift);
+        }
+    }
+    // Logged as the pieces' global shape: each device's pieces side by side on `h.dim`.
     let mut shape = t.shape.clone();
-    shape[h.dim] = h.parts() * (h.left + h.right);
-    let strips = DTensor::from_parts(shape, t.layout.clone(), strips);
-    let gathered = (*t.layout).clone().set_dim(h.dim, None);
-    execute::<B, FloatKind>(strips, &gathered).into_per_device()
+    shape[h.dim] = h.parts()
+        * sends
+            .iter()
+            .map(|v| v.first().map_or(0, |p| p.shape()[h.dim]))
+            .sum::<usize>();
+    let mut got =
+        collective_permute::<B, FloatKind>(&sends, &t.layout.mesh, h.axis, &shifts, &shape)
+            .into_iter();
+    let n = t.per_device().len();
+    let mut take = |present: bool| {
+        if present {
+            got.next().expect("one result per shift")
+        } else {
+            vec![None; n]
+        }
+    };
+    let from_left = take(to_right.is_some());
+    let from_right = take(to_left.is_some());
+    from_left.into_iter().zip(from_right).collect()
 }
 
 /// `x` (blocks on `h.dim`) as every device's window on it, padded to [`Halo::padded`] rows:
 /// `[parts × padded]` rows of even chunks, on `x`'s layout.
 fn extend<B: Backend>(x: FT<B>, h: &Halo) -> FT<B> {
     let (d, l, r) = (h.dim, h.left, h.right);
-    // Each strip: the block's first `r` rows (its left neighbour's right halo), then its last
-    // `l` (its right neighbour's left halo).
-    let strips = (l + r > 0).then(|| {
-        exchange::<B>(&x, h, |c, p| {
-            let n = h.block(c).len();
-            cat::<B>(
-                vec![
-                    narrow::<B>(p.clone(), d, 0..r),
-                    narrow::<B>(p.clone(), d, n - l..n),
-                ],
-                d,
-            )
-        })
-    });
+    // Each block's last `l` rows go right (its right neighbour's left halo), its first `r` rows
+    // left (its left neighbour's right halo).
+    let last = |c: usize, p: &P<B>| {
+        let n = h.block(c).len();
+        narrow::<B>(p.clone(), d, n - l..n)
+    };
+    let first = |_: usize, p: &P<B>| narrow::<B>(p.clone(), d, 0..r);
+    let halos = exchange::<B>(&x, h, (l > 0).then_some(&last), (r > 0).then_some(&first));
     let padded = h.padded();
     let windows: Vec<P<B>> = (x.per_device().iter().enumerate())
         .map(|(j, p)| {
@@ -142,9 +178,10 @@ fn extend<B: Backend>(x: FT<B>, h: &Halo) -> FT<B> {
             let mut v = Vec::new();
             zeros::<B>(&mut v, p, d, above.len());
             if !from_left.is_empty() {
-                let base = (c - 1) * (l + r) + r + from_left.start + l - b.start;
-                let g = strips.as_ref().expect("a halo exchanged")[j].clone();
-                v.push(narrow::<B>(g, d, base..base + from_left.len()));
+                // The left neighbour's last `l` rows are global rows `b.start - l..b.start`.
+                let at = from_left.start + l - b.start;
+                let g = halos[j].0.clone().expect("a left halo received");
+                v.push(narrow::<B>(g, d, at..at + from_left.len()));
             }
             v.push(narrow::<B>(
                 p.clone(),
@@ -152,9 +189,10 @@ fn extend<B: Backend>(x: FT<B>, h: &Halo) -> FT<B> {
                 own.start - b.start..own.end - b.start,
             ));
             if !from_right.is_empty() {
-                let base = (c + 1) * (l + r) + from_right.start - b.end;
-                let g = strips.as_ref().expect("a halo exchanged")[j].clone();
-                v.push(narrow::<B>(g, d, base..base + from_right.len()));
+                // The right neighbour's first `r` rows are global rows `b.end..b.end + r`.
+                let at = from_right.start - b.end;
+                let g = halos[j].1.clone().expect("a right halo received");
+                v.push(narrow::<B>(g, d, at..at + from_right.len()));
             }
             zeros::<B>(&mut v, p, d, below.len() + padded - h.window_len(c));
             cat::<B>(v, d)
@@ -175,35 +213,44 @@ fn fold_back<B: Backend>(g: FT<B>, h: &Halo) -> FT<B> {
         let o = above.len() + from_left.len();
         (above.len(), o, o + own.len())
     };
-    // Each strip: the gradient of the left neighbour's last `l` rows, then of the right
-    // neighbour's first `r`.
-    let strips = (l + r > 0).then(|| {
-        exchange::<B>(&g, h, |c, p| {
-            let [_, from_left, _, from_right, _] = h.pieces(c);
-            let b = h.block(c);
-            let (top, _, after_own) = offsets(c);
-            let mut v = Vec::new();
-            if from_left.is_empty() {
-                zeros::<B>(&mut v, p, d, l);
-            } else {
-                zeros::<B>(&mut v, p, d, from_left.start + l - b.start);
-                v.push(narrow::<B>(p.clone(), d, top..top + from_left.len()));
-                zeros::<B>(&mut v, p, d, b.start - from_left.end);
-            }
-            if from_right.is_empty() {
-                zeros::<B>(&mut v, p, d, r);
-            } else {
-                zeros::<B>(&mut v, p, d, from_right.start - b.end);
-                v.push(narrow::<B>(
-                    p.clone(),
-                    d,
-                    after_own..after_own + from_right.len(),
-                ));
-                zeros::<B>(&mut v, p, d, b.end + r - from_right.end);
-            }
-            cat::<B>(v, d)
-        })
-    });
+    // To the left neighbour: the gradient of its last `l` rows; to the right one: of its
+    // first `r` rows (zeros where this device's window did not read them).
+    let to_left = |c: usize, p: &P<B>| {
+        let [_, from_left, ..] = h.pieces(c);
+        let (b, (top, _, _)) = (h.block(c), offsets(c));
+        let mut v = Vec::new();
+        if from_left.is_empty() {
+            zeros::<B>(&mut v, p, d, l);
+        } else {
+            zeros::<B>(&mut v, p, d, from_left.start + l - b.start);
+            v.push(narrow::<B>(p.clone(), d, top..top + from_left.len()));
+            zeros::<B>(&mut v, p, d, b.start - from_left.end);
+        }
+        cat::<B>(v, d)
+    };
+    let to_right = |c: usize, p: &P<B>| {
+        let [_, _, _, from_right, _] = h.pieces(c);
+        let (b, (_, _, after_own)) = (h.block(c), offsets(c));
+        let mut v = Vec::new();
+        if from_right.is_empty() {
+            zeros::<B>(&mut v, p, d, r);
+        } else {
+            zeros::<B>(&mut v, p, d, from_right.start - b.end);
+            v.push(narrow::<B>(
+                p.clone(),
+                d,
+                after_own..after_own + from_right.len(),
+            ));
+            zeros::<B>(&mut v, p, d, b.end + r - from_right.end);
+        }
+        cat::<B>(v, d)
+    };
+    let halos = exchange::<B>(
+        &g,
+        h,
+        (r > 0).then_some(&to_right),
+        (l > 0).then_some(&to_left),
+    );
     let blocks: Vec<P<B>> = (g.per_device().iter().enumerate())
         .map(|(j, p)| {
             let c = coord_of(&g.layout, h, j);
@@ -216,15 +263,13 @@ fn fold_back<B: Backend>(g: FT<B>, h: &Halo) -> FT<B> {
             zeros::<B>(&mut v, p, d, b.end - own.end);
             let mut t = cat::<B>(v, d);
             let n = b.len();
-            if let Some(s) = &strips {
-                if c + 1 < h.parts() && l > 0 {
-                    let from = (c + 1) * (l + r);
-                    t = add_rows::<B>(t, d, n - l..n, narrow::<B>(s[j].clone(), d, from..from + l));
-                }
-                if c > 0 && r > 0 {
-                    let from = (c - 1) * (l + r) + l;
-                    t = add_rows::<B>(t, d, 0..r, narrow::<B>(s[j].clone(), d, from..from + r));
-                }
+            // From the right neighbour, the gradient of this block's last `l` rows; from the
+            // left one, of its first `r`.
+            if let Some(s) = halos[j].1.clone() {
+                t = add_rows::<B>(t, d, n - l..n, s);
+            }
+            if let Some(s) = halos[j].0.clone() {
+                t = add_rows::<B>(t, d, 0..r, s);
             }
             t
         })
