@@ -16,6 +16,15 @@ use crate::stack::{self, At};
 use crate::tensor::{DTensor, Kind};
 use crate::{DistributedDevice, host};
 
+/// Brings `t` to the layout: dim 0 as `x`'s (when `batched`) or replicated, all else whole.
+/// Every operand of a batch-parallel op (and a convolution's weight and bias) passes here, so
+/// this is where an operand on another mesh than `x` is refused ([`same_mesh`]).
+pub fn prep<B: Backend, K: Kind<B>>(t: DTensor<K::P>, x: &Layout, batched: bool) -> DTensor<K::P> {
+    same_mesh(x, &t.layout);
+    let s = rules::module::batch_parallel(x, &[batched], &[t.shape.len()], 0);
+    crate::redistribute::execute::<B, K>(t, &s.inputs[0])
+}
+
 /// Panics with a clear message when two operands live on different meshes (ops cannot return
 /// errors).
 pub fn same_mesh(a: &Layout, b: &Layout) {

@@ -65,9 +65,7 @@ fn local<const N: usize>(o: &ConvOptions<N>, plan: &ConvPlan) -> ConvOptions<N> 
 
 /// `t` replicated on `x`'s mesh (a weight or bias; operands on another mesh refused).
 fn replicated<B: Backend>(t: FT<B>, x: &Layout) -> FT<B> {
-    super::common::same_mesh(x, &t.layout);
-    let l = Layout::replicated_on(&x.mesh, t.shape.len());
-    execute::<B, FloatKind>(t, &l)
+    super::common::prep::<B, FloatKind>(t, x, false)
 }
 
 fn narrow<B: Backend>(t: P<B>, dim: usize, r: std::ops::Range<usize>) -> P<B> {
@@ -326,6 +324,20 @@ pub(crate) fn forward<B: Backend, const N: usize>(
     DTensor::from_parts(plan.out_shape.clone(), plan.out.clone(), out)
 }
 
+/// A backward pass's plan (that of the forward of `x` by `weight`), the weight replicated on
+/// the input's mesh and the output gradient `grad` in the output's layout.
+fn backward_operands<B: Backend, const N: usize>(
+    x: &FT<B>,
+    weight: FT<B>,
+    grad: FT<B>,
+    options: &ConvOptions<N>,
+) -> (ConvPlan, FT<B>, FT<B>) {
+    let plan = plan_of(&x.layout, &x.shape, &weight.shape, options);
+    let w = replicated::<B>(weight, &plan.x);
+    let g = execute::<B, FloatKind>(grad, &plan.out);
+    (plan, w, g)
+}
+
 /// The input gradient of [`forward`] (`[batch, channels_in, spatial...]` in [`ConvPlan::x`]):
 /// `x` gives only its shape and layout (Burn's input gradient reads no input value), `grad` the
 /// output's gradient; `inner` the inner backend's `conv*_x_backward`.
@@ -336,9 +348,7 @@ pub(crate) fn x_backward<B: Backend, const N: usize>(
     options: ConvOptions<N>,
     inner: impl Fn(P<B>, P<B>, P<B>, ConvOptions<N>) -> P<B> + Sync,
 ) -> FT<B> {
-    let plan = plan_of(&x.layout, &x.shape, &weight.shape, &options);
-    let w = replicated::<B>(weight, &plan.x);
-    let g = execute::<B, FloatKind>(grad, &plan.out);
+    let (plan, w, g) = backward_operands::<B, N>(&x, weight, grad, &options);
     if plan.halos.is_empty() {
         let xs = execute::<B, FloatKind>(x, &plan.x);
         return run_batch_with::<B, _>(&xs, true, empty_batch::<B>, |j| {
@@ -383,10 +393,8 @@ pub(crate) fn weight_backward<B: Backend, const N: usize>(
     options: ConvOptions<N>,
     inner: impl Fn(P<B>, P<B>, P<B>, ConvOptions<N>) -> P<B> + Sync,
 ) -> FT<B> {
-    let plan = plan_of(&x.layout, &x.shape, &weight.shape, &options);
     let wl = weight.layout.clone();
-    let w = replicated::<B>(weight, &plan.x);
-    let g = execute::<B, FloatKind>(grad, &plan.out);
+    let (plan, w, g) = backward_operands::<B, N>(&x, weight, grad, &options);
     let xs = execute::<B, FloatKind>(x, &plan.x);
     let per_device = if plan.halos.is_empty() {
         let zero = |r: &P<B>| B::float_zeros(r.shape(), &B::float_device(r), r.dtype().into());

@@ -17,7 +17,7 @@ use burn::tensor::ops::{
     MaxPool2dBackward, MaxPool2dWithIndices, ModuleOps, UnfoldOptions,
 };
 
-use super::common as c;
+use super::common::{self as c, prep};
 use super::conv;
 use super::dispatch::{is_solo, only, run_batch_with, run2, solo_map};
 use super::weight_grads;
@@ -25,20 +25,11 @@ use crate::backend::DistributedBackend;
 use crate::layout::Layout;
 use crate::redistribute::{execute, redistribute};
 use crate::rules::matmul::Keep;
-use crate::rules::module::{self, batch_parallel};
+use crate::rules::module;
 use crate::stack::At;
 use crate::tensor::{BoolKind, DTensor, FloatKind, IntKind, Kind};
 
 type FT<B> = DTensor<<B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive>;
-
-/// Brings `t` to the layout: dim 0 as `x`'s (when `batched`) or replicated, all else whole.
-/// Every operand of a batch-parallel op passes here, so this is where an operand on another
-/// mesh than `x` is refused ([`c::same_mesh`]).
-fn prep<B: Backend, K: Kind<B>>(t: DTensor<K::P>, x: &Layout, batched: bool) -> DTensor<K::P> {
-    c::same_mesh(x, &t.layout);
-    let s = batch_parallel(x, &[batched], &[t.shape.len()], 0);
-    execute::<B, K>(t, &s.inputs[0])
-}
 
 /// [`run_batch_with`] for float outputs.
 fn run_batch<B: Backend>(
