@@ -67,6 +67,7 @@ mod activation;
 mod bool_tensor;
 mod conv;
 mod float;
+mod halo;
 mod int;
 mod module;
 mod qtensor;
