@@ -2226,6 +2226,102 @@ fn products_keep_a_pending_sum_pending_on_the_activation_path() {
     }
 }
 
+/// Spatial parallelism for pools: `avg_pool2d` (padding counted or not), `max_pool2d` and
+/// `max_pool2d_with_indices` of an input sharded over its height (and width, and channels) keep
+/// those shards, each device pooling its window (halo rows from its neighbours in one collective
+/// permute per sharded spatial dim, none where the windows stay inside the blocks); the indices
+/// are the global plane's, as NdArray's on the whole tensor. Ceil mode, and an average that
+/// leaves padding out of its divisor with padding on a sharded dim, run batch-parallel (the
+/// spatial dims gathered), as before. Values and every shard against NdArray on the whole tensor.
+#[test]
+fn pools_keep_spatial_shards_with_halos() {
+    use burn::tensor::module::{avg_pool2d, max_pool2d, max_pool2d_with_indices};
+    // (kernel, stride, padding, dilation, [height, width]).
+    type Case = (usize, usize, usize, usize, [usize; 2]);
+    let cases: &[Case] = &[
+        (2, 2, 0, 1, [16, 12]),
+        (3, 2, 1, 1, [17, 13]),
+        (3, 1, 1, 1, [12, 10]),
+        (3, 1, 0, 2, [20, 16]),
+        (2, 1, 0, 1, [13, 11]),
+        (4, 3, 2, 1, [18, 12]),
+    ];
+    // (mesh axes, the input's sharding spec).
+    type OnMesh = (&'static [(&'static str, usize)], [&'static str; 4]);
+    let meshes: [OnMesh; 3] = [
+        (
+            &[("batch", 2), ("h", 4)],
+            ["batch", UNSHARDED, "h", UNSHARDED],
+        ),
+        (&[("h", 2), ("w", 4)], [UNSHARDED, UNSHARDED, "h", "w"]),
+        (&[("c", 2), ("h", 2), ("w", 2)], [UNSHARDED, "c", "h", "w"]),
+    ];
+    for (axes, spec) in meshes {
+        let m = Mesh::virtual_devices(axes.iter().copied(), Dev::default()).unwrap();
+        let xl = Layout::new(&m, spec).unwrap();
+        for (i, &(k, s, p, d, [h, w])) in cases.iter().enumerate() {
+            let ctx = format!("{xl}, kernel {k} stride {s} padding {p} dilation {d}, {h}x{w}");
+            let dx = data(&[2, 4, h, w], 30 + i as u64);
+            let ([k2, s2, p2, d2], x) = ([[k; 2], [s; 2], [p; 2], [d; 2]], || dist::<4>(&dx, &xl));
+            // Only halo rows move: at most one collective permute per sharded spatial dim.
+            let spatial = (2..4).filter(|&d| spec[d] != UNSHARDED).count();
+            let halo_only = |what: &str, log: &burn_dtensor::CommLog| {
+                for e in &log.events {
+                    assert_eq!(
+                        e.kind,
+                        CollectiveKind::CollectivePermute,
+                        "{ctx} {what}: {log}"
+                    );
+                }
+                assert!(log.events.len() <= spatial, "{ctx} {what}: {log}");
+            };
+            if d == 1 {
+                for cip in [true, false] {
+                    let what = format!("{ctx}, avg count_include_pad {cip}");
+                    let (y, log) = record_comms(|| avg_pool2d(x(), k2, s2, p2, cip, false));
+                    if cip || p == 0 {
+                        assert_eq!(y.layout().dims(), xl.dims(), "{what}: {}", y.layout());
+                        halo_only(&what, &log);
+                    }
+                    check(&what, y, avg_pool2d(orc::<4>(&dx), k2, s2, p2, cip, false));
+                }
+            }
+            let (y, log) = record_comms(|| max_pool2d(x(), k2, s2, p2, d2, false));
+            assert_eq!(y.layout().dims(), xl.dims(), "{ctx} max: {}", y.layout());
+            halo_only("max", &log);
+            check(
+                &format!("{ctx} max"),
+                y,
+                max_pool2d(orc::<4>(&dx), k2, s2, p2, d2, false),
+            );
+            let (y, ix) = max_pool2d_with_indices(x(), k2, s2, p2, d2, false);
+            let (wy, wix) = max_pool2d_with_indices(orc::<4>(&dx), k2, s2, p2, d2, false);
+            assert_eq!(
+                ix.layout().dims(),
+                xl.dims(),
+                "{ctx} indices: {}",
+                ix.layout()
+            );
+            check(&format!("{ctx} max with indices"), y, wy);
+            check_int(&format!("{ctx} indices"), ix, wix);
+        }
+        // Ceil mode: batch-parallel, the values NdArray's.
+        let dx = data(&[2, 4, 13, 11], 3);
+        let y = max_pool2d(dist::<4>(&dx, &xl), [2, 2], [2, 2], [0, 0], [1, 1], true);
+        assert_eq!(
+            y.layout().dim_axis(2),
+            None,
+            "ceil mode gathers: {}",
+            y.layout()
+        );
+        check(
+            &format!("{xl} ceil mode"),
+            y,
+            max_pool2d(orc::<4>(&dx), [2, 2], [2, 2], [0, 0], [1, 1], true),
+        );
+    }
+}
+
 /// Spatial parallelism: a convolution of an input sharded over its height (and width) keeps
 /// those shards, each device convolving its block plus the halo rows its output reads, received
 /// from its neighbours in one collective permute per sharded spatial dim; never the whole input. Same
@@ -2352,22 +2448,26 @@ fn convolution_keeps_spatial_shards_with_halos() {
         y,
         conv1d(orc::<3>(&dx), orc::<3>(&dw), Some(orc::<1>(&db)), opts()),
     );
-    // A window past the neighbour's block (kernel 9 over blocks of 2 or 3): the length is
-    // gathered, the batch kept.
-    let wide = || ConvOptions::new([1], [4], [1], 1);
-    let dk = data(&[4, 3, 9], 11);
-    let y = conv1d(
-        dist::<3>(&dx, &Layout::new(&m, ["batch", UNSHARDED, "t"]).unwrap()),
-        dist::<3>(&dk, &Layout::replicated(&m, 3)),
-        None,
-        wide(),
-    );
-    assert_eq!(y.layout().sharding_spec(), ["batch", UNSHARDED, UNSHARDED]);
-    check(
-        "conv1d, wide",
-        y,
-        conv1d(orc::<3>(&dx), orc::<3>(&dk), None, wide()),
-    );
+    // Halos of 4 rows on blocks of 5 or 6 (kernel 9): kept, each device receiving 4 + 4 rows
+    // from its neighbours; a window past the neighbour's block (kernel 13, halos of 6): the
+    // length gathered, the batch kept.
+    for (k, kept) in [(9, true), (13, false)] {
+        let wide = || ConvOptions::new([1], [k / 2], [1], 1);
+        let dk = data(&[4, 3, k], 11);
+        let y = conv1d(
+            dist::<3>(&dx, &Layout::new(&m, ["batch", UNSHARDED, "t"]).unwrap()),
+            dist::<3>(&dk, &Layout::replicated(&m, 3)),
+            None,
+            wide(),
+        );
+        let t = if kept { "t" } else { UNSHARDED };
+        assert_eq!(y.layout().sharding_spec(), ["batch", UNSHARDED, t]);
+        check(
+            &format!("conv1d, kernel {k}"),
+            y,
+            conv1d(orc::<3>(&dx), orc::<3>(&dk), None, wide()),
+        );
+    }
     let (dx, dw) = (data(&[2, 2, 12, 5, 4], 8), data(&[3, 2, 3, 3, 3], 9));
     let opts = || ConvOptions::new([1, 1, 1], [1, 1, 1], [1, 1, 1], 1);
     let xl = Layout::new(&m, ["batch", UNSHARDED, "t", UNSHARDED, UNSHARDED]).unwrap();

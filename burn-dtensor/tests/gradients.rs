@@ -809,3 +809,55 @@ fn spatial_parallel_convolution() {
         b.assert_approx_eq::<f32>(a, tol());
     }
 }
+
+/// Spatial parallelism through pools: `max_pool2d` (3x3, stride 2, padding 1: a ResNet stem's)
+/// then `avg_pool2d` (2x2, stride 2) of an image sharded on batch, height and width, and the
+/// input's gradient through both (Burn's max pool backward goes through the global indices):
+/// the loss and the gradient equal `Autodiff<NdArray>`'s on the whole tensor, the gradient keeps
+/// the input's layout, and only halo rows move (collective permutes, no all-gather).
+#[test]
+fn spatial_parallel_pools() {
+    use burn::tensor::module::{avg_pool2d, max_pool2d};
+    let dev = Dev::default();
+    let mesh = Mesh::virtual_devices([("batch", 2), ("h", 2), ("w", 2)], dev).unwrap();
+    let (n, h, w) = (4, 16, 18);
+    let values: Vec<f32> = (0..n * 3 * h * w)
+        .map(|i| ((i * 37 % 101) as f32 * 0.173).sin())
+        .collect();
+    let x = TensorData::new(values, [n, 3, h, w]);
+    let target = TensorData::new(
+        (0..n * 3 * 4 * 4)
+            .map(|i| (i as f32 * 0.31).cos())
+            .collect::<Vec<_>>(),
+        [n, 3, 4, 4],
+    );
+    fn net<B: Backend>(x: Tensor<B, 4>, t: Tensor<B, 4>) -> Tensor<B, 1> {
+        let y = max_pool2d(x, [3, 3], [2, 2], [1, 1], [1, 1], false);
+        let z = avg_pool2d(y, [2, 2], [2, 2], [0, 0], true, false);
+        (z * t).sum()
+    }
+    let xr = Tensor::<Ref, 4>::from_data(x.clone(), &dev).require_grad();
+    let loss = net(xr.clone(), Tensor::from_data(target.clone(), &dev));
+    let grads = loss.backward();
+    let want_x = xr.grad(&grads).unwrap().into_data();
+    let want_loss = loss.into_data();
+
+    let xl = Layout::new(&mesh, ["batch", "unsharded", "h", "w"]).unwrap();
+    let xd: Tensor<Dist, 4> = distribute(x, &xl).unwrap();
+    let xd = xd.require_grad();
+    let td: Tensor<Dist, 4> = distribute(target, &xl).unwrap();
+    let ((loss, grads), comms) = record_comms(|| {
+        let loss = net(xd.clone(), td);
+        let grads = loss.backward();
+        (loss, grads)
+    });
+    assert_eq!(comms.count(CollectiveKind::AllGather), 0, "{comms}");
+    assert!(
+        comms.count(CollectiveKind::CollectivePermute) > 0,
+        "{comms}"
+    );
+    loss.into_data().assert_approx_eq::<f32>(&want_loss, tol());
+    let gx = xd.grad(&grads).unwrap();
+    assert_eq!(gx.layout().dims(), xl.dims(), "{}", gx.layout());
+    gx.into_data().assert_approx_eq::<f32>(&want_x, tol());
+}

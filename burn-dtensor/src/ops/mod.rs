@@ -70,6 +70,7 @@ mod float;
 mod halo;
 mod int;
 mod module;
+mod pool;
 mod qtensor;
 pub use qtensor::QTensor;
 mod transaction;

@@ -20,6 +20,7 @@ use burn::tensor::ops::{
 use super::common::{self as c, prep};
 use super::conv;
 use super::dispatch::{is_solo, only, run_batch_with, run2, solo_map};
+use super::pool;
 use super::weight_grads;
 use crate::backend::DistributedBackend;
 use crate::layout::Layout;
@@ -483,6 +484,11 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         cip: bool,
         ceil: bool,
     ) -> FloatTensor<Self> {
+        if let Some(plan) = pool::plan::<B>(&x, [k, s, p, [1, 1]], ceil, cip) {
+            return pool::forward::<B>(x, &plan, p, 0.0, |w, p| {
+                B::avg_pool2d(w, k, s, p, cip, false)
+            });
+        }
         batch_map::<B>(x, |x| B::avg_pool2d(x, k, s, p, cip, ceil))
     }
     fn avg_pool2d_backward(
@@ -494,6 +500,9 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         cip: bool,
         ceil: bool,
     ) -> FloatTensor<Self> {
+        if let Some(plan) = pool::plan::<B>(&x, [k, s, p, [1, 1]], ceil, cip) {
+            return pool::avg_backward::<B>(x, grad, &plan, [k, s, p, [1, 1]], cip);
+        }
         batch_map_grad::<B>(x, grad, |x, g| {
             B::avg_pool2d_backward(x, g, k, s, p, cip, ceil)
         })
@@ -515,6 +524,11 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         d: [usize; 2],
         ceil: bool,
     ) -> FloatTensor<Self> {
+        if let Some(plan) = pool::plan::<B>(&x, [k, s, p, d], ceil, true) {
+            return pool::forward::<B>(x, &plan, p, f64::NEG_INFINITY, |w, p| {
+                B::max_pool2d(w, k, s, p, d, false)
+            });
+        }
         batch_map::<B>(x, |x| B::max_pool2d(x, k, s, p, d, ceil))
     }
     fn max_pool2d_with_indices(
@@ -525,6 +539,10 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         d: [usize; 2],
         ceil: bool,
     ) -> MaxPool2dWithIndices<Self> {
+        if let Some(plan) = pool::plan::<B>(&x, [k, s, p, d], ceil, true) {
+            let (output, indices) = pool::max_with_indices::<B>(x, &plan, [k, s, p, d]);
+            return MaxPool2dWithIndices::new(output, indices);
+        }
         let xl = x.layout.clone();
         let xs = prep::<B, FloatKind>(x, &xl, true);
         let empty = |p: &Pair<_, _>| {
@@ -558,6 +576,16 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         output_grad: FloatTensor<Self>,
         indices: IntTensor<Self>,
     ) -> MaxPool2dBackward<Self> {
+        if let Some(plan) = pool::plan::<B>(&x, [k, s, p, d], ceil, true) {
+            let g = [k, s, p, d];
+            return MaxPool2dBackward::new(pool::max_backward::<B>(
+                x,
+                &plan,
+                g,
+                output_grad,
+                indices,
+            ));
+        }
         let xl = x.layout.clone();
         let xs = prep::<B, FloatKind>(x, &xl, true);
         let g = prep::<B, FloatKind>(output_grad, &xl, true);

@@ -11,10 +11,11 @@
 //! window the output rows `olo..ohi` read, `olo·s - p .. (ohi - 1)·s - p + d(k - 1) + 1` (below
 //! 0 or past `n`: the padding's zeros). A spatial dim keeps its sharding when every device's
 //! window reaches at most into its two neighbours' blocks (the halo `left`/`right` rows at most
-//! the smallest block), the strips all devices exchange (`parts × (left + right)` rows, see
-//! `ops/conv.rs`) are fewer than the dim's rows, and no block of the input or the output is
-//! empty; else that dim is gathered, as the batch-parallel rule did for every spatial dim
-//! before. The channel dim is always whole (the weight is replicated).
+//! the smallest block) and no block of the input or the output is empty; else that dim is
+//! gathered, as the batch-parallel rule did for every spatial dim before. A device then
+//! receives `left + right` rows (one collective permute, `ops/halo.rs`), never more than its
+//! own block twice, where gathering the dim would bring it every other block. The channel dim
+//! is always whole (the weight is replicated); a pool ([`pool`]) keeps it sharded.
 
 use std::ops::Range;
 
@@ -170,7 +171,7 @@ pub fn conv(
                 }
             }
             let smallest = (0..parts).map(|c| h.block(c).len()).min().unwrap_or(0);
-            h.left <= smallest && h.right <= smallest && parts * (h.left + h.right) < n
+            h.left <= smallest && h.right <= smallest
         };
         if ok {
             halos.push(h);
@@ -185,6 +186,45 @@ pub fn conv(
         out_shape,
         halos,
     }
+}
+
+/// The plan of a 2-D pool (`avg_pool2d`, `max_pool2d`, `max_pool2d_with_indices` and their
+/// backward passes) of `x` (global shape `[batch, channels, height, width]`) with `kernel`,
+/// `stride`, `padding` and `dilation` (1 for an average pool): a convolution's geometry
+/// ([`conv`]) with one output channel per input channel, so the channel dim keeps its sharding
+/// too (each channel is pooled alone). The window's padding rows are filled with the pool's
+/// padding value (`-inf` for a max pool, zeros for an average pool that counts them).
+///
+/// `None` (the batch-parallel form: the spatial dims gathered) where no spatial dim keeps its
+/// sharding, with `ceil_mode` (a partial last window: the output size is not [`conv`]'s), and
+/// for an average pool that leaves the padding out of its divisor (`counts_padding` false) with
+/// padding on a dim that has a halo (a window's divisor would count the filled rows).
+pub fn pool(
+    x: &Layout,
+    x_shape: &[usize],
+    [kernel, stride, padding, dilation]: [[usize; 2]; 4],
+    ceil_mode: bool,
+    counts_padding: bool,
+) -> Option<ConvPlan> {
+    if ceil_mode {
+        return None;
+    }
+    let mut plan = conv(
+        x,
+        x_shape,
+        x_shape[1],
+        &kernel,
+        [&stride, &padding, &dilation],
+    );
+    if plan.halos.is_empty()
+        || (!counts_padding && plan.halos.iter().any(|h| padding[h.dim - 2] > 0))
+    {
+        return None;
+    }
+    let channels = x.dims[1];
+    plan.x.dims[1] = channels;
+    plan.out.dims[1] = channels;
+    Some(plan)
 }
 
 #[cfg(test)]
@@ -234,18 +274,19 @@ mod tests {
         assert_eq!((h.left, h.right), (0, 1));
     }
 
-    /// A kernel wider than a block, strips as large as the dim, and more blocks than output rows:
-    /// the dim is gathered.
+    /// A kernel wider than a block and more blocks than output rows: the dim is gathered; halos
+    /// as large as the blocks are kept (each device receives 2 + 2 rows where gathering the dim
+    /// would bring it 6).
     #[test]
-    fn a_halo_past_the_neighbour_gathers_the_dim() {
+    fn a_halo_past_the_neighbour_gathers_the_dim_a_block_wide_one_does_not() {
         let m = mesh();
         let x = Layout::new(&m, ["b", U, "h", U]).unwrap();
         let wide = conv(&x, &[2, 1, 8, 8], 1, &[7, 1], [&[1, 1], &[3, 0], &[1, 1]]);
         assert!(wide.halos.is_empty());
         assert_eq!(wide.x.dims.to_vec(), vec![Some(0), None, None, None]);
-        // Halos of 2 on blocks of 2: each block would send its whole self, 4 x 4 rows >= 8.
+        // Halos of 2 on blocks of 2: each block sends its whole self to both neighbours.
         let whole = conv(&x, &[2, 1, 8, 8], 1, &[5, 1], [&[1, 1], &[2, 0], &[1, 1]]);
-        assert!(whole.halos.is_empty());
+        assert_eq!((whole.halos[0].left, whole.halos[0].right), (2, 2));
         let short = conv(&x, &[2, 1, 8, 8], 1, &[7, 1], [&[1, 1], &[0, 0], &[1, 1]]);
         assert_eq!(short.out_shape[2], 2);
         assert!(short.halos.is_empty());
