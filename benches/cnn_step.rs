@@ -1,9 +1,11 @@
 //! A fully convolutional network's training step (three 3x3 `Conv2d`, padding 1, ReLU between,
-//! mean squared error against a target image, SGD) on 8 virtual devices, as a ratio to the
-//! bare backend's step measured in the same run, with the bytes the step's collectives move:
+//! a 3x3 max pool of stride 1 before the last convolution, mean squared error against a target
+//! image, SGD) on 8 virtual devices, as a ratio to the bare backend's step measured in the same
+//! run, with the bytes the step's collectives move:
 //! - `data`: mesh `batch=8`, the images sharded on the batch;
 //! - `spatial`: mesh `batch=2,h=2,w=2`, the images sharded on batch, height and width (each
-//!   device a quarter of 2 images: halos exchanged between neighbours, `rules/conv.rs`);
+//!   device a quarter of 2 images: halos exchanged between neighbours for the convolutions
+//!   and the pool, `rules/conv.rs`);
 //! - `spatial-h`: mesh `h=8`, the height alone sharded (every device a band of every image).
 //!
 //! Parameters are replicated (created on the mesh); their gradients are pending sums settled by
@@ -21,6 +23,7 @@ use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::activation::relu;
 use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::module::max_pool2d;
 use burn::tensor::{ElementConversion, Tensor, TensorData};
 use burn_dtensor::{
     DistributedBackend, DistributedDevice, Layout, Mesh, UNSHARDED, distribute, record_comms,
@@ -56,6 +59,8 @@ impl<B: Backend> Fcn<B> {
     fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let x = relu(self.conv1.forward(x));
         let x = relu(self.conv2.forward(x));
+        // A 3x3 max filter (stride 1, padding 1): a pool that reads its neighbours' rows.
+        let x = max_pool2d(x, [3, 3], [1, 1], [1, 1], [1, 1], false);
         self.conv3.forward(x)
     }
 }
