@@ -4,7 +4,9 @@
 //! stationary weights; a plain matmul would be free to gather the weight instead). The
 //! convolutions (`conv1d` through `conv2d`, as Burn's default; `conv2d`, `conv3d`) and their
 //! input, weight and bias gradients run on `ops/conv.rs` (`rules/conv.rs`: batch and spatial
-//! dims kept sharded, halos exchanged between neighbours). `layer_norm` and the 1-D pools are
+//! dims kept sharded, halos exchanged between neighbours, `ops/halo.rs`); the 2-D pools and
+//! their backward passes on `ops/pool.rs` (`rules/conv.rs::pool`: the same halos, channels
+//! kept sharded) where its plan applies. `layer_norm` and the 1-D pools (through the 2-D ones) are
 //! Burn's defaults built on the float primitives (so they inherit the efficient rules); the
 //! other ops below are required by Burn and run batch-parallel (input sharded on dim 0, weights
 //! replicated) or, for the rare ones, through the gather fallback.
