@@ -794,14 +794,7 @@ fn spatial_parallel_convolution() {
         "{comms}"
     );
     assert!(comms.count(CollectiveKind::AllGather) > 0, "{comms}");
-    assert!(
-        comms.count(CollectiveKind::CollectivePermute) > 0,
-        "{comms}"
-    );
-    loss.into_data().assert_approx_eq::<f32>(&want_loss, tol());
-    let gx = xd.grad(&grads).unwrap();
-    assert_eq!(gx.layout().dims(), xl.dims(), "{}", gx.layout());
-    gx.into_data().assert_approx_eq::<f32>(&want_x, tol());
+    check_halo_step(&comms, loss, &want_loss, (&xd, &grads, &want_x));
     let got = Reader::read(&model, Some(&grads));
     assert_eq!(got.len(), 6);
     for ((p, a), (q, b)) in want.iter().zip(&got) {
@@ -852,12 +845,28 @@ fn spatial_parallel_pools() {
         (loss, grads)
     });
     assert_eq!(comms.count(CollectiveKind::AllGather), 0, "{comms}");
+    check_halo_step(&comms, loss, &want_loss, (&xd, &grads, &want_x));
+}
+
+/// A spatial-parallel step's checks: halos were exchanged (collective permutes), the loss
+/// equals the reference's, and the input's gradient equals the reference's in the input's
+/// layout.
+fn check_halo_step(
+    comms: &CommLog,
+    loss: Tensor<Dist, 1>,
+    want_loss: &TensorData,
+    (x, grads, want_x): (
+        &Tensor<Dist, 4>,
+        &<Dist as AutodiffBackend>::Gradients,
+        &TensorData,
+    ),
+) {
     assert!(
         comms.count(CollectiveKind::CollectivePermute) > 0,
         "{comms}"
     );
-    loss.into_data().assert_approx_eq::<f32>(&want_loss, tol());
-    let gx = xd.grad(&grads).unwrap();
-    assert_eq!(gx.layout().dims(), xl.dims(), "{}", gx.layout());
-    gx.into_data().assert_approx_eq::<f32>(&want_x, tol());
+    loss.into_data().assert_approx_eq::<f32>(want_loss, tol());
+    let gx = x.grad(grads).unwrap();
+    assert_eq!(gx.layout().dims(), x.layout().dims(), "{}", gx.layout());
+    gx.into_data().assert_approx_eq::<f32>(want_x, tol());
 }

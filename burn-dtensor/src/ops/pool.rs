@@ -138,6 +138,17 @@ fn origin(plan: &ConvPlan, x_shape: &[usize], j: usize) -> ([i64; 2], i64, i64) 
     (start, len[1], x_shape[3] as i64)
 }
 
+/// Flat plane indices `i` of rows `from` wide as indices of rows `to` wide, moved by `shift`:
+/// `(i / from) * to + i % from + shift` (`i + shift` when the widths agree).
+fn remap<B: Backend>(i: IntTensor<B>, from: i64, to: i64, shift: i64) -> IntTensor<B> {
+    if from == to {
+        return B::int_add_scalar(i, shift.into());
+    }
+    let rows = B::int_mul_scalar(B::int_div_scalar(i.clone(), from.into()), to.into());
+    let cols = B::int_remainder_scalar(i, from.into());
+    B::int_add_scalar(B::int_add(rows, cols), shift.into())
+}
+
 /// Device `j`'s window indices as global ones: `(i / w + row0) * width + i % w + col0`.
 fn to_global<B: Backend>(
     i: IntTensor<B>,
@@ -146,12 +157,7 @@ fn to_global<B: Backend>(
     j: usize,
 ) -> IntTensor<B> {
     let ([r0, c0], w, width) = origin(plan, x_shape, j);
-    if w == width && c0 == 0 {
-        return B::int_add_scalar(i, (r0 * width).into());
-    }
-    let rows = B::int_mul_scalar(B::int_div_scalar(i.clone(), w.into()), width.into());
-    let cols = B::int_remainder_scalar(i, w.into());
-    B::int_add_scalar(B::int_add(rows, cols), (r0 * width + c0).into())
+    remap::<B>(i, w, width, r0 * width + c0)
 }
 
 /// The inverse of [`to_global`]: `(g / width - row0) * w + g % width - col0`.
@@ -162,12 +168,7 @@ fn to_local<B: Backend>(
     j: usize,
 ) -> IntTensor<B> {
     let ([r0, c0], w, width) = origin(plan, x_shape, j);
-    if w == width && c0 == 0 {
-        return B::int_sub_scalar(g, (r0 * width).into());
-    }
-    let rows = B::int_mul_scalar(B::int_div_scalar(g.clone(), width.into()), w.into());
-    let cols = B::int_remainder_scalar(g, width.into());
-    B::int_sub_scalar(B::int_add(rows, cols), (r0 * w + c0).into())
+    remap::<B>(g, width, w, -(r0 * w + c0))
 }
 
 /// `max_pool2d_with_indices_backward` on windows: the output gradient and the global indices
