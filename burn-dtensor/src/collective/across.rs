@@ -575,9 +575,9 @@ pub(crate) fn all_to_all<B: Backend, K: Kind<B>>(
 /// [`super::generic::collective_permute`]): `sends` are this process's pieces for devices of
 /// other processes, each with its destination's rank in `pg`, and `from` is, for each piece
 /// expected here, the rank it comes from and its shape (one entry per piece, in the order the
-/// senders list them: by piece kind, then by coordinate). Each process sends every other
-/// process the pieces addressed to it back to back in one personalised exchange (`MPI_Alltoallv`
-/// with zero counts for the processes it does not talk to: only the neighbours' pieces move).
+/// senders list them: by piece kind, then by coordinate). Each process sends every process it
+/// talks to the pieces addressed to it back to back ([`ProcessGroup::send_recv`]: MPI's
+/// `MPI_Isend` / `MPI_Irecv` between those processes only).
 /// Returns the received pieces in `from`'s order, on `device`, and the bytes received.
 pub(crate) fn permute<B: Backend, K: Kind<B>>(
     sends: Vec<(usize, K::P)>,
@@ -610,7 +610,7 @@ pub(crate) fn permute<B: Backend, K: Kind<B>>(
     // SAFETY: the engine writes every byte of `got` (`ProcessGroup`'s contract).
     let got = unsafe {
         HostBuffer::received(total, dtype, |got| {
-            pg.all_to_all_into(&send, &send_counts, &recv_counts, got, &w)
+            pg.send_recv(&send, &send_counts, &recv_counts, got, &w)
         })
     };
     // Each received piece cut from its rank's part, in listing order.

@@ -431,8 +431,9 @@ pub fn all_to_all<B: Backend, K: Kind<B>>(
 ///
 /// Only the pieces move: `Σ_s (k - |shift_s|)` pieces per group, against `k (k - 1)` for an
 /// all-gather of them. Across processes, pieces between devices of one process are moved
-/// locally and the rest go in one personalised exchange along the axis' process group
-/// ([`across::permute`]), every process calling it once per in-process group. `sends[s]` holds
+/// locally and the rest go point to point between the processes that hold the pairs
+/// ([`across::permute`], [`crate::spmd::ProcessGroup::send_recv`]), every process calling it
+/// once per in-process group. `sends[s]` holds
 /// a piece for every position of this process (one shape per shift within a group: a receiver
 /// sizes what it gets from its own piece); `global` is the shape recorded in the
 /// [`CommDebugMode`](crate::CommDebugMode) log (the pieces' global shape, for the caller to

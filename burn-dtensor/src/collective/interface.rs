@@ -423,6 +423,26 @@ pub unsafe trait ProcessGroup: Send + Sync {
         }
         assert_eq!(at, recv.len(), "burn-dtensor: all-to-all receive buffer");
     }
+    /// The point-to-point exchange of a collective permute: member `r` receives `send_counts[r]`
+    /// bytes of this member's `send` (its parts back to back in member order; 0: nothing goes
+    /// to `r`), and `recv_counts[q]` bytes come from member `q`, written back to back in member
+    /// order into `recv` (of `recv_counts.iter().sum()` bytes). Counts must pair up (what `q`
+    /// sends here is what this member expects from `q`). Every member calls it, those with
+    /// nothing to move too.
+    ///
+    /// The default is [`ProcessGroup::all_to_all_into`] (a personalised exchange over the whole
+    /// group); MPI sends and receives between the members with a nonzero count only
+    /// (`MPI_Isend` / `MPI_Irecv`): a halo exchange then waits on its neighbours, not the group.
+    fn send_recv(
+        &self,
+        send: &[u8],
+        send_counts: &[usize],
+        recv_counts: &[usize],
+        recv: &mut [MaybeUninit<u8>],
+        what: &str,
+    ) {
+        self.all_to_all_into(send, send_counts, recv_counts, recv, what)
+    }
     /// [`ProcessGroup::all_to_all_into`] with the parts where the caller puts them: the part
     /// for member `r` is the `send_parts.0[r]` bytes of `send` at offset `send_parts.1[r]`; the
     /// part from member `q` (`recv_parts.0[q]` bytes) is written at offset `recv_parts.1[q]` of

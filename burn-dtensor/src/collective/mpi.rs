@@ -129,6 +129,11 @@ fn large(bytes: usize) -> bool {
 /// checkpoint written, a slow step) and the wait sleeps between polls instead of holding a core.
 const BUSY_POLL: Duration = Duration::from_secs(1);
 
+/// The tag of a collective permute's point-to-point messages ([`MpiGroup::send_recv`]); MPI
+/// never matches them with a collective's, and messages between two processes on one tag
+/// arrive in the order they were sent, so consecutive permutes pair up.
+const PERMUTE_TAG: i32 = 0x7065;
+
 /// Polls `done` (one `MPI_Test`) until it returns true; past the timeout, ends the process
 /// naming `what`. `large` ([`MpiGroup::is_large`] of the larger of what this process sends and
 /// receives: never for a control message) chooses how hard it polls.
@@ -1016,6 +1021,66 @@ unsafe impl ProcessGroup for MpiGroup {
             recv,
             (recv_counts, &recv_at),
             what,
+        );
+    }
+    /// `MPI_Irecv` from and `MPI_Isend` to each member with a nonzero count (no other member
+    /// takes part), waited on together (`MPI_Testall`) against the collective timeout.
+    fn send_recv(
+        &self,
+        send: &[u8],
+        send_counts: &[usize],
+        recv_counts: &[usize],
+        recv: &mut [MaybeUninit<u8>],
+        what: &str,
+    ) {
+        assert!(
+            send_counts.len() == self.size && recv_counts.len() == self.size,
+            "burn-dtensor: {what}: one count per member"
+        );
+        let (send_at, recv_at) = (offsets(send_counts), offsets(recv_counts));
+        check_parts(send.len(), (send_counts, &send_at), what);
+        check_parts(recv.len(), (recv_counts, &recv_at), what);
+        let (t, comm) = (bytes_type(), self.comm.0.as_raw());
+        let _guard = LOCK.lock().unwrap();
+        let mut reqs = Vec::new();
+        for q in (0..self.size).filter(|&q| recv_counts[q] > 0) {
+            // SAFETY: the part lies inside `recv` (checked), which outlives the wait below.
+            let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+            unsafe {
+                let buf = recv[recv_at[q]..].as_mut_ptr().cast();
+                let n = count(recv_counts[q], what);
+                ffi::MPI_Irecv(buf, n, t, q as i32, PERMUTE_TAG, comm, &mut req)
+            };
+            reqs.push(req);
+        }
+        for r in (0..self.size).filter(|&r| send_counts[r] > 0) {
+            // SAFETY: the part lies inside `send` (checked), which outlives the wait below.
+            let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+            unsafe {
+                let buf = send[send_at[r]..].as_ptr().cast();
+                let n = count(send_counts[r], what);
+                ffi::MPI_Isend(buf, n, t, r as i32, PERMUTE_TAG, comm, &mut req)
+            };
+            reqs.push(req);
+        }
+        let moved = send.len().max(recv.len());
+        poll(
+            || {
+                let mut flag = 0;
+                // SAFETY: active requests of this process (MPI sets each to null when done).
+                unsafe {
+                    ffi::MPI_Testall(
+                        reqs.len() as i32,
+                        reqs.as_mut_ptr(),
+                        &mut flag,
+                        ffi::RSMPI_STATUSES_IGNORE,
+                    )
+                };
+                flag != 0
+            },
+            self.is_large(moved),
+            what,
+            &self.world_ranks,
         );
     }
     /// `MPI_Ialltoallv` with the caller's displacements, waited on against the collective

@@ -4,19 +4,18 @@
 //! rows, and the adjoint that sums a window's gradient back onto the blocks.
 //!
 //! **The halo exchange** of a spatial dim is one collective permute along its mesh axis
-//! ([`collective_permute`], XLA's collective-permute): each block sends its last `left` rows to
-//! its right neighbour and its first `right` rows to its left one, so a device receives
-//! `left + right` rows whatever the axis size (an all-gather of the strips, the first
-//! implementation, received `(parts - 1) × (left + right)`). Across processes only the pieces
-//! between neighbouring processes cross, in one personalised exchange; values are moved, never
-//! combined, so the exchange is bitwise the same on any process count. Each device's *window*
-//! (the rows its output chunk reads, the padding's rows included, filled with the op's padding
-//! value, the op then run unpadded on that dim) is padded to the longest window, so windows of every device form a
-//! tensor of even chunks and a second sharded spatial dim exchanges them in turn (its pieces
-//! carry the first dim's halo rows: the corners). The input gradient is the adjoint: each
-//! device's window gradient, the gradient of its halo rows sent back to the neighbours that own
-//! them and added into their blocks, dims in reverse order.
-//!
+//! ([`collective_permute`], XLA's collective-permute): each block sends its last `left` rows to its
+//! right neighbour and its first `right` rows to its left one, so a device receives `left + right`
+//! rows whatever the axis size (an all-gather of the strips, the first implementation, received
+//! `(parts - 1) × (left + right)`). Across processes only the pieces between neighbouring processes
+//! cross, point to point (MPI's `MPI_Isend` / `MPI_Irecv`); values are moved, never combined, so
+//! the exchange is bitwise the same on any process count. Each device's *window* (the rows its
+//! output chunk reads, the padding's rows included, filled with the op's padding value, the op then
+//! run unpadded on that dim) is padded to the longest window, so windows of every device form a
+//! tensor of even chunks and a second sharded spatial dim exchanges them in turn (its pieces carry
+//! the first dim's halo rows: the corners). The input gradient is the adjoint: each device's window
+//! gradient, the gradient of its halo rows sent back to the neighbours that own them and added into
+//! their blocks, dims in reverse order.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Slice, TensorMetadata};
