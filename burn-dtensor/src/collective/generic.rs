@@ -22,16 +22,19 @@ fn nbytes<P: TensorMetadata>(p: &P) -> u64 {
     (p.shape().num_elements() * p.dtype().size()) as u64
 }
 
+/// `x` on `dev`: as it is when it is there already, else moved.
+fn on_device<B: Backend, K: Kind<B>>(x: K::P, dev: &B::Device) -> K::P {
+    if K::device(&x) == *dev {
+        x
+    } else {
+        K::to_device(x, dev)
+    }
+}
+
 /// Gives every member of each group the value `f(group's shards)`, moved to its device.
 fn set_group<B: Backend, K: Kind<B>>(shards: &mut [K::P], group: &[usize], value: K::P) {
-    let dev0 = K::device(&value);
     for &i in group {
-        let dev = K::device(&shards[i]);
-        shards[i] = if dev == dev0 {
-            value.clone()
-        } else {
-            K::to_device(value.clone(), &dev)
-        };
+        shards[i] = on_device::<B, K>(value.clone(), &K::device(&shards[i]));
     }
 }
 
@@ -40,14 +43,7 @@ fn on_first_device<B: Backend, K: Kind<B>>(shards: &[K::P], group: &[usize]) -> 
     let dev0 = K::device(&shards[group[0]]);
     group
         .iter()
-        .map(|&i| {
-            let x = shards[i].clone();
-            if K::device(&x) == dev0 {
-                x
-            } else {
-                K::to_device(x, &dev0)
-            }
-        })
+        .map(|&i| on_device::<B, K>(shards[i].clone(), &dev0))
         .collect()
 }
 
@@ -401,14 +397,7 @@ pub fn all_to_all<B: Backend, K: Kind<B>>(
             let dev = K::device(&olds[c]);
             let parts = olds
                 .iter()
-                .map(|p| {
-                    let piece = K::narrow(p.clone(), to_dim, chunk(n_to, k, c));
-                    if K::device(&piece) == dev {
-                        piece
-                    } else {
-                        K::to_device(piece, &dev)
-                    }
-                })
+                .map(|p| on_device::<B, K>(K::narrow(p.clone(), to_dim, chunk(n_to, k, c)), &dev))
                 .collect::<Vec<_>>();
             shards[i] = cat_parts::<B, K>(parts, from_dim, &topo.engines);
             bytes += nbytes(&olds[c]) * (k as u64 - 1) / k as u64;
@@ -477,11 +466,7 @@ pub fn collective_permute<B: Backend, K: Kind<B>>(
                         Some(dst) => {
                             bytes += nbytes(&piece);
                             let dev = K::device(&sends[s][dst]);
-                            out[s][dst] = Some(if K::device(&piece) == dev {
-                                piece
-                            } else {
-                                K::to_device(piece, &dev)
-                            });
+                            out[s][dst] = Some(on_device::<B, K>(piece, &dev));
                         }
                         None => remote_sends.push(((to / l) as usize, piece)),
                     }
@@ -507,7 +492,7 @@ pub fn collective_permute<B: Backend, K: Kind<B>>(
         remote += b;
         for ((s, i), piece) in lands.into_iter().zip(got) {
             let dev = K::device(&sends[s][i]);
-            out[s][i] = Some(K::to_device(piece, &dev));
+            out[s][i] = Some(on_device::<B, K>(piece, &dev));
         }
     }
     comm::record_across(

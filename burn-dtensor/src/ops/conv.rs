@@ -42,13 +42,11 @@ fn plan_of<const N: usize>(
     )
 }
 
-/// The options each device runs with: no padding on a dim with a halo (its window holds the
-/// padding's zeros where it reaches past the tensor).
+/// The options each device runs with: no padding on a dim with a halo
+/// ([`ConvPlan::local_padding`]).
 fn local<const N: usize>(o: &ConvOptions<N>, plan: &ConvPlan) -> ConvOptions<N> {
     let mut o = o.clone();
-    for h in &plan.halos {
-        o.padding[h.dim - 2] = 0;
-    }
+    o.padding = plan.local_padding(o.padding);
     o
 }
 

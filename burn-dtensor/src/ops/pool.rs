@@ -30,16 +30,6 @@ type IT<B> = DTensor<IntTensor<B>>;
 /// (dilation 1 for an average pool).
 pub(crate) type Geometry = [[usize; 2]; 4];
 
-/// The padding each device runs with: none on a dim with a halo (its window holds the padding
-/// rows).
-fn local_padding(padding: [usize; 2], plan: &ConvPlan) -> [usize; 2] {
-    let mut p = padding;
-    for h in &plan.halos {
-        p[h.dim - 2] = 0;
-    }
-    p
-}
-
 /// The plan of a pool of `x` ([`crate::rules::conv::pool`]).
 pub(crate) fn plan<B: Backend>(
     x: &FT<B>,
@@ -60,7 +50,7 @@ fn on_windows<B: Backend, R: Clone + Send>(
 ) -> Vec<R> {
     let xs = execute::<B, FloatKind>(x, &plan.x);
     let ext = windows::<B>(xs, &plan.halos, pad);
-    let p = local_padding(padding, plan);
+    let p = plan.local_padding(padding);
     run_positions::<B, _>(&ext, &[&plan.x], |j| {
         f(window::<B>(&ext, &plan.halos, j), p)
     })
@@ -182,7 +172,7 @@ pub(crate) fn max_backward<B: Backend>(
 ) -> FT<B> {
     let x_shape = x.shape.clone();
     let ix = execute::<B, IntKind>(indices, &plan.out);
-    let p = local_padding(p, plan);
+    let p = plan.local_padding(p);
     backward::<B>(x, grad, plan, |xj, gj, j| {
         let i = to_local::<B>(ix.per_device()[j].clone(), plan, &x_shape, j);
         B::max_pool2d_with_indices_backward(xj, k, s, p, d, false, gj, i).x_grad
@@ -197,7 +187,7 @@ pub(crate) fn avg_backward<B: Backend>(
     [k, s, p, _]: Geometry,
     count_include_pad: bool,
 ) -> FT<B> {
-    let p = local_padding(p, plan);
+    let p = plan.local_padding(p);
     backward::<B>(x, grad, plan, |xj, gj, _| {
         B::avg_pool2d_backward(xj, gj, k, s, p, count_include_pad, false)
     })

@@ -118,6 +118,14 @@ impl ConvPlan {
     pub fn sharded_axes(&self) -> Vec<usize> {
         self.x.dims.iter().flatten().copied().collect()
     }
+    /// The padding each device runs with, of `padding` (one per spatial dim): none on a dim
+    /// with a halo (its window holds the padding rows where it reaches past the tensor).
+    pub fn local_padding<const N: usize>(&self, mut padding: [usize; N]) -> [usize; N] {
+        for h in &self.halos {
+            padding[h.dim - 2] = 0;
+        }
+        padding
+    }
 }
 
 /// The plan of a convolution of `x` (global shape `[batch, channels_in, spatial...]`) with a
