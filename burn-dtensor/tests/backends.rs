@@ -710,13 +710,14 @@ pub fn masked_indexing<I: Backend>(device: I::Device) {
     }
 }
 
-/// A convolution of an image sharded over its height and width (halo exchanges, the inner
-/// backend's `conv2d` and its input and weight gradients per device), and over batch and
-/// height: the output, the input's, weight's and bias's gradients against the inner backend's
-/// `Autodiff` on the whole tensors (same padding, stride 2).
+/// A convolution and a transposed convolution of an image sharded over its height and width
+/// (halo exchanges and their adjoint, the inner backend's `conv2d` and its input and weight
+/// gradients per device), and over batch and height: the output, the input's, weight's and
+/// bias's gradients against the inner backend's `Autodiff` on the whole tensors (same padding,
+/// stride 2; the transposed one with an output padding at stride 2).
 pub fn spatial_convolution<I: Backend>(device: I::Device) {
-    use burn::tensor::module::conv2d;
-    use burn::tensor::ops::ConvOptions;
+    use burn::tensor::module::{conv_transpose2d, conv2d};
+    use burn::tensor::ops::{ConvOptions, ConvTransposeOptions};
     type Ad<I> = burn::backend::Autodiff<I>;
     type Dd<I> = burn::backend::Autodiff<DistributedBackend<I>>;
     let m = mesh::<I>(&device);
@@ -726,10 +727,24 @@ pub fn spatial_convolution<I: Backend>(device: I::Device) {
         TensorData::new(wave(4 * 3 * 3 * 3, 0.53), [4, 3, 3, 3]),
         TensorData::new(wave(4, 0.7), [4]),
     );
-    for stride in [1, 2] {
-        let opts = || ConvOptions::new([stride, stride], [1, 1], [1, 1], 1);
+    /// A 3x3 convolution of padding 1, or the transposed one (output padding `stride - 1`, the
+    /// weight's values as `[channels_in 3, channels_out 4, 3, 3]`).
+    fn op<B: Backend>(
+        (x, w, b): (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 1>),
+        stride: usize,
+        transposed: bool,
+    ) -> Tensor<B, 4> {
+        let (s, p) = ([stride; 2], [1; 2]);
+        if transposed {
+            let o = ConvTransposeOptions::new(s, p, [stride - 1; 2], [1, 1], 1);
+            conv_transpose2d(x, w.reshape([3, 4, 3, 3]), Some(b), o)
+        } else {
+            conv2d(x, w, Some(b), ConvOptions::new(s, p, [1, 1], 1))
+        }
+    }
+    for (stride, transposed) in [(1, false), (2, false), (1, true), (2, true)] {
         let run = |x: Tensor<Ad<I>, 4>, w: Tensor<Ad<I>, 4>, b: Tensor<Ad<I>, 1>| {
-            let y = conv2d(x.clone(), w.clone(), Some(b.clone()), opts());
+            let y = op((x.clone(), w.clone(), b.clone()), stride, transposed);
             let g = (y.clone() * y.clone().sin()).sum().backward();
             let grad = |t: &Tensor<Ad<I>, 4>| t.grad(&g).unwrap().into_data().convert::<f32>();
             let gb = b.grad(&g).unwrap().into_data().convert::<f32>();
@@ -750,11 +765,12 @@ pub fn spatial_convolution<I: Backend>(device: I::Device) {
             let w: Tensor<Dd<I>, 4> = distribute(dw.clone(), &rep(4)).unwrap();
             let b: Tensor<Dd<I>, 1> = distribute(db.clone(), &rep(1)).unwrap();
             let (x, w, b) = (x.require_grad(), w.require_grad(), b.require_grad());
-            let y = conv2d(x.clone(), w.clone(), Some(b.clone()), opts());
-            assert_eq!(y.layout().dims(), xl.dims(), "stride {stride} on {xl}");
+            let y = op((x.clone(), w.clone(), b.clone()), stride, transposed);
+            let ctx = format!("stride {stride}, transposed {transposed}, on {xl}");
+            assert_eq!(y.layout().dims(), xl.dims(), "{ctx}");
             let g = (y.clone() * y.clone().sin()).sum().backward();
             let gx = x.grad(&g).unwrap();
-            assert_eq!(gx.layout().dims(), xl.dims(), "stride {stride} on {xl}");
+            assert_eq!(gx.layout().dims(), xl.dims(), "{ctx}");
             let got = [
                 y.into_data().convert::<f32>(),
                 gx.into_data().convert::<f32>(),

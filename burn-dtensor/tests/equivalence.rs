@@ -2322,30 +2322,11 @@ fn pools_keep_spatial_shards_with_halos() {
     }
 }
 
-/// Spatial parallelism: a convolution of an input sharded over its height (and width) keeps
-/// those shards, each device convolving its block plus the halo rows its output reads, received
-/// from its neighbours in one collective permute per sharded spatial dim; never the whole input. Same
-/// padding, strides, dilation, even kernels, uneven blocks, a grouped convolution, and both
-/// spatial dims sharded (the corners come through the second exchange); `conv1d` (Burn's, through
-/// `conv2d`) with a sharded length and a `conv3d` with a sharded depth. Values and every shard
-/// against NdArray on the whole tensors, stacked and per device.
-#[test]
-fn convolution_keeps_spatial_shards_with_halos() {
-    use burn::tensor::module::{conv1d, conv2d, conv3d};
-    use burn::tensor::ops::ConvOptions;
-    // (kernel, stride, padding, dilation, groups, [height, width]); channels 6 -> 4.
-    type Case = (usize, usize, usize, usize, usize, [usize; 2]);
-    // (mesh axes, the input's sharding spec, stacked).
+/// The meshes the convolution tests shard an image `[batch, channels, height, width]` on, with
+/// its sharding spec: batch and height (stacked), height and width (stacked), and all three on a
+/// mesh whose axes are not in the dims' order (per device).
+fn image_meshes() -> Vec<(Mesh<Dev>, [&'static str; 4])> {
     type OnMesh = (&'static [(&'static str, usize)], [&'static str; 4], bool);
-    let cases: &[Case] = &[
-        (3, 1, 1, 1, 1, [16, 10]),
-        (3, 2, 1, 1, 1, [15, 10]),
-        (5, 1, 2, 1, 2, [24, 18]),
-        (3, 1, 0, 2, 1, [28, 26]),
-        (2, 1, 0, 1, 1, [13, 11]),
-        (4, 3, 2, 1, 1, [18, 12]),
-        (1, 1, 0, 1, 1, [12, 8]),
-    ];
     let meshes: [OnMesh; 3] = [
         (
             &[("batch", 2), ("h", 4)],
@@ -2363,10 +2344,159 @@ fn convolution_keeps_spatial_shards_with_halos() {
             false,
         ),
     ];
-    for (axes, spec, stacked) in meshes {
-        let m = Mesh::virtual_devices(axes.iter().copied(), Dev::default())
-            .unwrap()
-            .with_stacked_execution(stacked);
+    meshes
+        .into_iter()
+        .map(|(axes, spec, stacked)| {
+            let m = Mesh::virtual_devices(axes.iter().copied(), Dev::default())
+                .unwrap()
+                .with_stacked_execution(stacked);
+            (m, spec)
+        })
+        .collect()
+}
+
+/// Spatial parallelism for transposed convolutions (a decoder's upsampling): `conv_transpose2d`
+/// of an input sharded over its height (and width) keeps those shards, each device computing its
+/// output window from its own block alone and sending the window's overlap rows back to the
+/// neighbours that own them (one collective permute per sharded spatial dim: the adjoint of a
+/// convolution's halo exchange), never the whole input or output. DCGAN's kernel 4 stride 2,
+/// output padding, groups, dilation, a non-overlapping kernel (no exchange), uneven blocks, both
+/// spatial dims sharded; an output padding not below the stride runs batch-parallel;
+/// `conv_transpose1d` (through the 2-D one) and `conv_transpose3d`. Values and every shard against
+/// NdArray on the whole tensors, stacked and per device.
+#[test]
+fn transposed_convolution_keeps_spatial_shards() {
+    use burn::tensor::module::{conv_transpose1d, conv_transpose2d, conv_transpose3d};
+    use burn::tensor::ops::ConvTransposeOptions;
+    // (kernel, stride, padding, padding_out, dilation, groups, [height, width]); channels 6 -> 4.
+    type Case = (usize, usize, usize, usize, usize, usize, [usize; 2]);
+    let cases: &[Case] = &[
+        (4, 2, 1, 0, 1, 1, [8, 6]),
+        (3, 2, 1, 1, 1, 1, [7, 9]),
+        (3, 1, 1, 0, 1, 2, [12, 10]),
+        (2, 2, 0, 0, 1, 1, [8, 12]),
+        (3, 1, 0, 0, 2, 1, [10, 8]),
+        (5, 3, 2, 2, 1, 1, [6, 5]),
+    ];
+    for (m, spec) in image_meshes() {
+        let xl = Layout::new(&m, spec).unwrap();
+        let rep = |r| Layout::replicated(&m, r);
+        for (i, &(k, s, p, op, d, g, [h, w])) in cases.iter().enumerate() {
+            let ctx = format!(
+                "{xl}, kernel {k} stride {s} padding {p} out {op} dilation {d} groups {g}, {h}x{w}"
+            );
+            let (dx, dw, db) = (
+                data(&[4, 6, h, w], 170 + i as u64),
+                data(&[6, 4 / g, k, k], 180 + i as u64),
+                data(&[4], 190 + i as u64),
+            );
+            let opts = || ConvTransposeOptions::new([s, s], [p, p], [op, op], [d, d], g);
+            let (y, log) = record_comms(|| {
+                conv_transpose2d(
+                    dist::<4>(&dx, &xl),
+                    dist::<4>(&dw, &rep(4)),
+                    Some(dist::<1>(&db, &rep(1))),
+                    opts(),
+                )
+            });
+            assert_eq!(y.layout().dims(), xl.dims(), "{ctx}: {}", y.layout());
+            let spatial = (2..4).filter(|&d| spec[d] != UNSHARDED).count();
+            assert!(log.events.len() <= spatial, "{ctx}: {log}");
+            let overlap = (k - 1) * d + 1 > s;
+            for e in &log.events {
+                assert_eq!(e.kind, CollectiveKind::CollectivePermute, "{ctx}: {log}");
+            }
+            if overlap {
+                assert_eq!(log.events.len(), spatial, "{ctx}: {log}");
+            } else {
+                assert!(log.events.is_empty(), "{ctx}: {log}");
+            }
+            let want = conv_transpose2d(orc::<4>(&dx), orc::<4>(&dw), Some(orc::<1>(&db)), opts());
+            check(&ctx, y, want);
+        }
+        // An output padding of 1 at stride 1 (dilation 2): batch-parallel, NdArray's values.
+        let (dx, dw) = (data(&[4, 6, 8, 8], 5), data(&[6, 4, 3, 3], 6));
+        let opts = || ConvTransposeOptions::new([1, 1], [1, 1], [1, 1], [2, 2], 1);
+        let y = conv_transpose2d(dist::<4>(&dx, &xl), dist::<4>(&dw, &rep(4)), None, opts());
+        assert_eq!(y.layout().dim_axis(2), None, "{}", y.layout());
+        check(
+            &format!("{xl} output padding at stride 1"),
+            y,
+            conv_transpose2d(orc::<4>(&dx), orc::<4>(&dw), None, opts()),
+        );
+    }
+
+    // conv_transpose1d of a sharded length (Burn's runs through the 2-D one), conv_transpose3d
+    // of a sharded depth.
+    let m = Mesh::virtual_devices([("batch", 2), ("t", 4)], Dev::default()).unwrap();
+    let (dx, dw, db) = (data(&[2, 3, 13], 15), data(&[3, 4, 4], 16), data(&[4], 17));
+    let opts = || ConvTransposeOptions::new([2], [1], [0], [1], 1);
+    let xl = Layout::new(&m, ["batch", UNSHARDED, "t"]).unwrap();
+    let (y, log) = record_comms(|| {
+        conv_transpose1d(
+            dist::<3>(&dx, &xl),
+            dist::<3>(&dw, &Layout::replicated(&m, 3)),
+            Some(dist::<1>(&db, &Layout::replicated(&m, 1))),
+            opts(),
+        )
+    });
+    assert_eq!(y.layout().sharding_spec(), ["batch", UNSHARDED, "t"]);
+    assert_eq!(log.count(CollectiveKind::CollectivePermute), 1, "{log}");
+    check(
+        "conv_transpose1d",
+        y,
+        conv_transpose1d(orc::<3>(&dx), orc::<3>(&dw), Some(orc::<1>(&db)), opts()),
+    );
+    let (dx, dw) = (data(&[2, 2, 6, 5, 4], 18), data(&[2, 3, 3, 3, 3], 19));
+    let opts = || ConvTransposeOptions::new([2, 1, 1], [1, 1, 1], [1, 0, 0], [1, 1, 1], 1);
+    depth_sharded(
+        "conv_transpose3d",
+        &m,
+        [&dx, &dw],
+        |x, w| conv_transpose3d(x, w, None, opts()),
+        |x, w| conv_transpose3d(x, w, None, opts()),
+    );
+}
+
+/// A 3-D op of `x` by `w` (`[x, w]`: a convolution or a transposed one) with `x` sharded over
+/// its batch and its depth on `m` (axes `batch`, `t`): the output keeps the input's layout and
+/// equals `whole` (the op on NdArray) on the whole tensors.
+fn depth_sharded(
+    what: &str,
+    m: &Mesh<Dev>,
+    [dx, dw]: [&TensorData; 2],
+    op: impl Fn(Tensor<DB, 5>, Tensor<DB, 5>) -> Tensor<DB, 5>,
+    whole: impl Fn(Tensor<N, 5>, Tensor<N, 5>) -> Tensor<N, 5>,
+) {
+    let xl = Layout::new(m, ["batch", UNSHARDED, "t", UNSHARDED, UNSHARDED]).unwrap();
+    let y = op(dist::<5>(dx, &xl), dist::<5>(dw, &Layout::replicated(m, 5)));
+    assert_eq!(y.layout().dims(), xl.dims(), "{what}");
+    check(what, y, whole(orc::<5>(dx), orc::<5>(dw)));
+}
+
+/// Spatial parallelism: a convolution of an input sharded over its height (and width) keeps
+/// those shards, each device convolving its block plus the halo rows its output reads, received
+/// from its neighbours in one collective permute per sharded spatial dim; never the whole input. Same
+/// padding, strides, dilation, even kernels, uneven blocks, a grouped convolution, and both
+/// spatial dims sharded (the corners come through the second exchange); `conv1d` (Burn's, through
+/// `conv2d`) with a sharded length and a `conv3d` with a sharded depth. Values and every shard
+/// against NdArray on the whole tensors, stacked and per device.
+#[test]
+fn convolution_keeps_spatial_shards_with_halos() {
+    use burn::tensor::module::{conv1d, conv2d, conv3d};
+    use burn::tensor::ops::ConvOptions;
+    // (kernel, stride, padding, dilation, groups, [height, width]); channels 6 -> 4.
+    type Case = (usize, usize, usize, usize, usize, [usize; 2]);
+    let cases: &[Case] = &[
+        (3, 1, 1, 1, 1, [16, 10]),
+        (3, 2, 1, 1, 1, [15, 10]),
+        (5, 1, 2, 1, 2, [24, 18]),
+        (3, 1, 0, 2, 1, [28, 26]),
+        (2, 1, 0, 1, 1, [13, 11]),
+        (4, 3, 2, 1, 1, [18, 12]),
+        (1, 1, 0, 1, 1, [12, 8]),
+    ];
+    for (m, spec) in image_meshes() {
         let xl = Layout::new(&m, spec).unwrap();
         for (i, &(k, s, p, d, g, [h, w])) in cases.iter().enumerate() {
             let ctx =
@@ -2407,7 +2537,7 @@ fn convolution_keeps_spatial_shards_with_halos() {
             assert_eq!(log.events.len(), halo_dims.len(), "{ctx}: {log}");
             for (e, d) in log.events.iter().zip(&halo_dims) {
                 assert!(e.shape[*d] < dx.shape[*d], "{ctx}: {log}");
-                let parts = axes.iter().find(|a| a.0 == spec[*d]).unwrap().1 as u64;
+                let parts = m.axis_size(spec[*d]).unwrap() as u64;
                 let numel: usize = e.shape.iter().product();
                 assert_eq!(
                     e.bytes * parts,
@@ -2470,17 +2600,11 @@ fn convolution_keeps_spatial_shards_with_halos() {
     }
     let (dx, dw) = (data(&[2, 2, 12, 5, 4], 8), data(&[3, 2, 3, 3, 3], 9));
     let opts = || ConvOptions::new([1, 1, 1], [1, 1, 1], [1, 1, 1], 1);
-    let xl = Layout::new(&m, ["batch", UNSHARDED, "t", UNSHARDED, UNSHARDED]).unwrap();
-    let y = conv3d(
-        dist::<5>(&dx, &xl),
-        dist::<5>(&dw, &Layout::replicated(&m, 5)),
-        None,
-        opts(),
-    );
-    assert_eq!(y.layout().dims(), xl.dims());
-    check(
+    depth_sharded(
         "conv3d",
-        y,
-        conv3d(orc::<5>(&dx), orc::<5>(&dw), None, opts()),
+        &m,
+        [&dx, &dw],
+        |x, w| conv3d(x, w, None, opts()),
+        |x, w| conv3d(x, w, None, opts()),
     );
 }

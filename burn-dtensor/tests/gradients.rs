@@ -709,6 +709,50 @@ fn gradients_cross_meshes() {
     }
 }
 
+/// A small spatial network of `burn::nn` modules on any backend (the convolution and decoder
+/// tests' models): built from its config, and a scalar loss of an image `[batch, 3, h, w]`.
+trait SpatialNet<B: Backend>: Module<B> {
+    fn new(device: &B::Device) -> Self;
+    fn loss(&self, x: Tensor<B, 4>) -> Tensor<B, 1>;
+}
+
+/// One step of a spatial network against `Autodiff<NdArray>` on the whole image: `R` runs on
+/// `x` whole, `D` (the same parameter values) on `x` sharded over the batch, its height and its
+/// width (the mesh `batch=2, h=2, w=2`). Checks ([`check_halo_step`]) that halos were exchanged,
+/// the loss and the input gradient (in the input's layout), and every one of the `params`
+/// parameters' gradients; returns the step's communication log.
+fn spatial_step<R: SpatialNet<Ref>, D: SpatialNet<Dist>>(x: TensorData, params: usize) -> CommLog {
+    let dev = Dev::default();
+    let mesh = Mesh::virtual_devices([("batch", 2), ("h", 2), ("w", 2)], dev).unwrap();
+    let reference = R::new(&dev);
+    let xr = Tensor::<Ref, 4>::from_data(x.clone(), &dev).require_grad();
+    let loss = reference.loss(xr.clone());
+    let grads = loss.backward();
+    let want_x = xr.grad(&grads).unwrap().into_data();
+    let want_loss = loss.into_data();
+    let want = Reader::read(&reference, Some(&grads));
+
+    let mdev = DistributedDevice::new(mesh.clone());
+    let values = Reader::read(&reference, None);
+    let model = D::new(&mdev).map(&mut Writer(values.iter()));
+    let xl = Layout::new(&mesh, ["batch", "unsharded", "h", "w"]).unwrap();
+    let xd: Tensor<Dist, 4> = distribute(x, &xl).unwrap();
+    let xd = xd.require_grad();
+    let ((loss, grads), comms) = record_comms(|| {
+        let loss = model.loss(xd.clone());
+        let grads = loss.backward();
+        (loss, grads)
+    });
+    check_halo_step(&comms, loss, &want_loss, (&xd, &grads, &want_x));
+    let got = Reader::read(&model, Some(&grads));
+    assert_eq!(got.len(), params);
+    for ((p, a), (q, b)) in want.iter().zip(&got) {
+        assert_eq!(p, q);
+        b.assert_approx_eq::<f32>(a, tol());
+    }
+    comms
+}
+
 /// A small CNN of `burn::nn` convolutions (same padding, then stride 2).
 #[derive(Module, Debug)]
 struct Cnn<B: Backend> {
@@ -717,7 +761,7 @@ struct Cnn<B: Backend> {
     conv3: burn::nn::conv::Conv1d<B>,
 }
 
-impl<B: Backend> Cnn<B> {
+impl<B: Backend> SpatialNet<B> for Cnn<B> {
     fn new(device: &B::Device) -> Self {
         use burn::nn::PaddingConfig2d;
         use burn::nn::conv::{Conv1dConfig, Conv2dConfig};
@@ -757,8 +801,6 @@ impl<B: Backend> Cnn<B> {
 /// halo strips, the parameters' gradients and the 1-D convolution's gathered width move).
 #[test]
 fn spatial_parallel_convolution() {
-    let dev = Dev::default();
-    let mesh = Mesh::virtual_devices([("batch", 2), ("h", 2), ("w", 2)], dev).unwrap();
     let (n, h, w) = (4, 12, 10);
     let x = TensorData::new(
         (0..n * 3 * h * w)
@@ -766,25 +808,7 @@ fn spatial_parallel_convolution() {
             .collect::<Vec<_>>(),
         [n, 3, h, w],
     );
-    let reference = Cnn::<Ref>::new(&dev);
-    let xr = Tensor::<Ref, 4>::from_data(x.clone(), &dev).require_grad();
-    let loss = reference.loss(xr.clone());
-    let grads = loss.backward();
-    let want_x = xr.grad(&grads).unwrap().into_data();
-    let want_loss = loss.into_data();
-    let want = Reader::read(&reference, Some(&grads));
-
-    let mdev = DistributedDevice::new(mesh.clone());
-    let values = Reader::read(&reference, None);
-    let model = Cnn::<Dist>::new(&mdev).map(&mut Writer(values.iter()));
-    let xl = Layout::new(&mesh, ["batch", "unsharded", "h", "w"]).unwrap();
-    let xd: Tensor<Dist, 4> = distribute(x, &xl).unwrap();
-    let xd = xd.require_grad();
-    let ((loss, grads), comms) = record_comms(|| {
-        let loss = model.loss(xd.clone());
-        let grads = loss.backward();
-        (loss, grads)
-    });
+    let comms = spatial_step::<Cnn<Ref>, Cnn<Dist>>(x, 6);
     // No collective moves an image or activation over its whole height and width.
     assert!(
         comms
@@ -794,12 +818,120 @@ fn spatial_parallel_convolution() {
         "{comms}"
     );
     assert!(comms.count(CollectiveKind::AllGather) > 0, "{comms}");
-    check_halo_step(&comms, loss, &want_loss, (&xd, &grads, &want_x));
-    let got = Reader::read(&model, Some(&grads));
-    assert_eq!(got.len(), 6);
-    for ((p, a), (q, b)) in want.iter().zip(&got) {
-        assert_eq!(p, q);
-        b.assert_approx_eq::<f32>(a, tol());
+}
+
+/// A small decoder of `burn::nn` transposed convolutions: DCGAN's upsampling (kernel 4, stride
+/// 2, padding 1), then a grouped one with an output padding, then a 1-D one.
+#[derive(Module, Debug)]
+struct Decoder<B: Backend> {
+    up1: burn::nn::conv::ConvTranspose2d<B>,
+    up2: burn::nn::conv::ConvTranspose2d<B>,
+    up3: burn::nn::conv::ConvTranspose1d<B>,
+}
+
+impl<B: Backend> SpatialNet<B> for Decoder<B> {
+    fn new(device: &B::Device) -> Self {
+        use burn::nn::conv::{ConvTranspose1dConfig, ConvTranspose2dConfig};
+        Self {
+            up1: ConvTranspose2dConfig::new([3, 4], [4, 4])
+                .with_stride([2, 2])
+                .with_padding([1, 1])
+                .init(device),
+            up2: ConvTranspose2dConfig::new([4, 2], [3, 3])
+                .with_stride([2, 2])
+                .with_padding([1, 1])
+                .with_padding_out([1, 1])
+                .with_groups(2)
+                .init(device),
+            up3: ConvTranspose1dConfig::new([2, 2], 3)
+                .with_padding(1)
+                .init(device),
+        }
+    }
+    /// `x` `[batch, 3, h, w]` -> a scalar: the upsamplings (`[batch, 2, 4h, 4w]`), then a
+    /// weighted sum (so every output position has its own gradient).
+    fn loss(&self, x: Tensor<B, 4>) -> Tensor<B, 1> {
+        let y = self.up2.forward(relu(self.up1.forward(x)));
+        let [n, c, h, w] = y.dims();
+        let z = self.up3.forward(y.reshape([n, c, h * w]));
+        let weights = Tensor::<B, 1, Int>::arange(0..(n * c * h * w) as i64, &z.device())
+            .float()
+            .reshape([n, c, h * w])
+            .cos();
+        (z * weights).sum()
+    }
+}
+
+/// Spatial parallelism through `burn::nn`'s `ConvTranspose2d` and `ConvTranspose1d` (a
+/// decoder): the image sharded over the batch, its height and its width (`batch=2, h=2, w=2`);
+/// the loss, every parameter's gradient and the input's equal `Autodiff<NdArray>`'s on the whole
+/// tensors, the input gradient in the input's layout, and no collective moves an activation's
+/// whole height and width: the forward folds overlap rows back to their owners, the input
+/// gradient is a convolution with halos, the weight gradient a convolution's weight gradient
+/// with halos, all collective permutes.
+#[test]
+fn spatial_parallel_transposed_convolution() {
+    let (n, h, w) = (4, 6, 5);
+    let x = TensorData::new(
+        (0..n * 3 * h * w)
+            .map(|i| (i as f32 * 0.53).sin())
+            .collect::<Vec<_>>(),
+        [n, 3, h, w],
+    );
+    let comms = spatial_step::<Decoder<Ref>, Decoder<Dist>>(x.clone(), 6);
+    // Only halo rows move (collective permutes), but for the one all-gather of the width that
+    // merging the height and width into the 1-D layer's length needs (the merged dim keeps the
+    // height's axis, the reshape's rule): no activation crosses whole otherwise, forward or
+    // backward.
+    let gathers: Vec<_> = comms
+        .events
+        .iter()
+        .filter(|e| e.kind != CollectiveKind::CollectivePermute)
+        .map(|e| (e.kind, e.shape.clone()))
+        .collect();
+    assert_eq!(
+        gathers,
+        vec![(CollectiveKind::AllGather, vec![n, 2, 4 * h, 4 * w])],
+        "{comms}"
+    );
+
+    // The batch-parallel forms: the input sharded over the batch only, and an output padding
+    // not below the stride (1 at stride 1, dilation 2) with the height sharded too (the forward
+    // and the weight gradient batch-parallel, Burn's own per shard): the same gradients.
+    use burn::tensor::module::conv_transpose2d;
+    use burn::tensor::ops::ConvTransposeOptions;
+    let dev = Dev::default();
+    let mesh = Mesh::virtual_devices([("batch", 2), ("h", 2), ("w", 2)], dev).unwrap();
+    let wave = |n: usize, f: f32| (0..n).map(|i| (i as f32 * f).cos()).collect::<Vec<_>>();
+    let (dw, db) = (
+        TensorData::new(wave(3 * 4 * 4 * 4, 0.29), [3, 4, 4, 4]),
+        TensorData::new(wave(4, 0.7), [4]),
+    );
+    let opts = || ConvTransposeOptions::new([1, 1], [1, 1], [1, 1], [2, 2], 1);
+    let step = |x: Tensor<Ref, 4>, w: Tensor<Ref, 4>, b: Tensor<Ref, 1>| {
+        let y = conv_transpose2d(x.clone(), w.clone(), Some(b.clone()), opts());
+        let g = (y.clone() * y.sin()).sum().backward();
+        [x.grad(&g), w.grad(&g)].map(|t| t.unwrap().into_data())
+    };
+    let ref_of = |d: &TensorData| Tensor::<Ref, 4>::from_data(d.clone(), &dev).require_grad();
+    let xdata = x;
+    let b = Tensor::<Ref, 1>::from_data(db.clone(), &dev).require_grad();
+    let want = step(ref_of(&xdata), ref_of(&dw), b);
+    for spec in [
+        ["batch", "unsharded", "unsharded", "unsharded"],
+        ["batch", "unsharded", "h", "unsharded"],
+    ] {
+        let xl = Layout::new(&mesh, spec).unwrap();
+        let rep = |r| Layout::replicated(&mesh, r);
+        let x: Tensor<Dist, 4> = distribute(xdata.clone(), &xl).unwrap();
+        let w: Tensor<Dist, 4> = distribute(dw.clone(), &rep(4)).unwrap();
+        let b: Tensor<Dist, 1> = distribute(db.clone(), &rep(1)).unwrap();
+        let (x, w, b) = (x.require_grad(), w.require_grad(), b.require_grad());
+        let y = conv_transpose2d(x.clone(), w.clone(), Some(b), opts());
+        let g = (y.clone() * y.sin()).sum().backward();
+        for (t, want) in [x.grad(&g), w.grad(&g)].into_iter().zip(&want) {
+            t.unwrap().into_data().assert_approx_eq::<f32>(want, tol());
+        }
     }
 }
 

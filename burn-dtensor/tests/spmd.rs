@@ -1201,7 +1201,8 @@ fn gradients_across_processes() {
 /// input's layout, and the gathered values are bitwise those of the same mesh in one process.
 /// The halo rows cross processes only between neighbours (bytes counted by hand). Pools (max
 /// with its global indices, average, and the input's gradient through them) on the same shards
-/// equal NdArray's on the whole tensor and, bitwise, the one-process mesh's.
+/// equal NdArray's on the whole tensor and, bitwise, the one-process mesh's; so does a transposed
+/// convolution (its output in the input's layout) and its gradients.
 #[test]
 fn spatial_convolution_across_processes() {
     let name = "spatial_convolution_across_processes";
@@ -1209,7 +1210,7 @@ fn spatial_convolution_across_processes() {
         return;
     }
     use burn::tensor::module::conv2d;
-    use burn::tensor::ops::ConvOptions;
+    use burn::tensor::ops::{ConvOptions, ConvTransposeOptions};
     type AD = Autodiff<DB>;
     type AN = Autodiff<N>;
     let dev = Dev::default();
@@ -1281,6 +1282,43 @@ fn spatial_convolution_across_processes() {
         let lx = Layout::new(m, spec.to_vec()).unwrap();
         let x: Tensor<AD, 4> = distribute(dx.clone(), &lx).unwrap();
         pools(x.require_grad())
+    };
+    // A transposed convolution (DCGAN's upsampling: kernel 4, stride 2, padding 1, a bias) of
+    // the same shards: its output and the input's, weight's and bias's gradients.
+    let dwt = vals([2, 3, 4, 4], 4);
+    fn transposed<B: burn::tensor::backend::AutodiffBackend>(
+        [x, w]: [Tensor<B, 4>; 2],
+        b: Tensor<B, 1>,
+    ) -> (Tensor<B, 4>, [TensorData; 3]) {
+        use burn::tensor::module::conv_transpose2d;
+        let o = ConvTransposeOptions::new([2, 2], [1, 1], [0, 0], [1, 1], 1);
+        let out = conv_transpose2d(x.clone(), w.clone(), Some(b.clone()), o);
+        let g = (out.clone() * out.clone().sin()).sum().backward();
+        let grad = |t: Tensor<B, 4>| t.grad(&g).unwrap().into_data();
+        let gb = b.grad(&g).unwrap().into_data();
+        (out, [grad(x), grad(w), gb])
+    }
+    let want_transposed = {
+        let t = |d: &TensorData| Tensor::<AN, 4>::from_data(d.clone(), &dev).require_grad();
+        let b = Tensor::<AN, 1>::from_data(db.clone(), &dev).require_grad();
+        let (out, [gx, gw, gb]) = transposed([t(&dx), t(&dwt)], b);
+        [out.into_data(), gx, gw, gb]
+    };
+    // On mesh `m`, the output keeping the input's layout (overlap rows folded back to their
+    // owners, across processes too).
+    let run_transposed = |m: &Mesh<Dev>, spec: &[&str]| {
+        let lx = Layout::new(m, spec.to_vec()).unwrap();
+        let x: Tensor<AD, 4> = distribute(dx.clone(), &lx).unwrap();
+        let w: Tensor<AD, 4> = distribute(dwt.clone(), &Layout::replicated(m, 4)).unwrap();
+        let b: Tensor<AD, 1> = distribute(db.clone(), &Layout::replicated(m, 1)).unwrap();
+        let (out, [gx, gw, gb]) =
+            transposed([x.require_grad(), w.require_grad()], b.require_grad());
+        assert_eq!(
+            out.layout(),
+            lx,
+            "{m}: the transposed output keeps the input's layout"
+        );
+        [out.into_data(), gx, gw, gb]
     };
     let world = spmd::init().unwrap();
     for m in meshes() {
@@ -1357,6 +1395,13 @@ fn spatial_convolution_across_processes() {
         }
         assert_eq!(pools.1, want_pools.1, "{what}: the max pool's indices");
         assert_eq!(pools.1, pools_one.1, "{what}: the indices on one process");
+        let (t, t_one) = (run_transposed(&m, &spec), run_transposed(&one, &spec));
+        for (i, label) in ["output", "dx", "dw", "db"].iter().enumerate() {
+            let got = t[i].to_vec::<f32>().unwrap();
+            let want = want_transposed[i].to_vec::<f32>().unwrap();
+            close(&format!("{what} transposed {label}"), &got, &want);
+            assert_eq!(t[i], t_one[i], "{what} transposed {label}: bitwise");
+        }
         let (oo, ogx, ogw, ogb) = run(&one, &spec);
         let alone = [
             oo.into_data(),

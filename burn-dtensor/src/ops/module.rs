@@ -4,7 +4,10 @@
 //! stationary weights; a plain matmul would be free to gather the weight instead). The
 //! convolutions (`conv1d` through `conv2d`, as Burn's default; `conv2d`, `conv3d`) and their
 //! input, weight and bias gradients run on `ops/conv.rs` (`rules/conv.rs`: batch and spatial
-//! dims kept sharded, halos exchanged between neighbours, `ops/halo.rs`); the 2-D pools and
+//! dims kept sharded, halos exchanged between neighbours, `ops/halo.rs`); the transposed
+//! convolutions and their weight and bias gradients too, as the convolution's adjoint
+//! (`rules::conv::conv_transpose`; their input gradient is Burn's default, a convolution); the
+//! 2-D pools and
 //! their backward passes on `ops/pool.rs` (`rules/conv.rs::pool`: the same halos, channels
 //! kept sharded) where its plan applies. `layer_norm` and the 1-D pools (through the 2-D ones) are
 //! Burn's defaults built on the float primitives (so they inherit the efficient rules); the
@@ -126,27 +129,83 @@ fn zero_rows<B: Backend>(t: FloatTensor<B>, outside: BoolTensor<B>) -> FloatTens
     <FloatKind as Kind<B>>::identity_where(t, mask)
 }
 
-macro_rules! batch_op {
-    // x plus replicated weight and optional bias.
-    (conv $name:ident, $opts:ty) => {
-        fn $name(
+/// A transposed convolution batch-parallel: `x`'s batch shards by the replicated weight and
+/// bias, `inner` the inner backend's `conv_transpose*` (where [`conv::transpose`]'s plan does not
+/// keep a spatial dim sharded).
+fn batch_conv_transpose<B: Backend, const N: usize>(
+    x: FT<B>,
+    weight: FT<B>,
+    bias: Option<FT<B>>,
+    options: ConvTransposeOptions<N>,
+    inner: impl Fn(
+        B::FloatTensorPrimitive,
+        B::FloatTensorPrimitive,
+        Option<B::FloatTensorPrimitive>,
+        ConvTransposeOptions<N>,
+    ) -> B::FloatTensorPrimitive
+    + Sync,
+) -> FT<B> {
+    let xl = x.layout.clone();
+    let xs = prep::<B, FloatKind>(x, &xl, true);
+    let w = prep::<B, FloatKind>(weight, &xl, false);
+    let b = opt::<B>(bias, &xl);
+    run_batch::<B>(&xs, true, |i| {
+        inner(
+            xs.per_device()[i].clone(),
+            w.per_device()[i].clone(),
+            b.as_ref().map(|b| b.per_device()[i].clone()),
+            options.clone(),
+        )
+    })
+}
+
+/// The transposed convolutions of one rank through `ops/conv.rs` (the rule
+/// `rules::conv::conv_transpose`: the adjoint of a convolution, batch and spatial dims kept
+/// sharded, halo rows folded back to their owners); their input gradient is Burn's default, a
+/// convolution (so `conv*` above, with its halos).
+macro_rules! conv_transpose_ops {
+    ($n:literal: $fwd:ident, $dw:ident, $db:ident; $conv_dx:ident, $conv_dw:ident) => {
+        /// `[batch, channels_in, spatial...]` by `[channels_in, channels_out / groups,
+        /// kernel...]` (global shapes), per device on its block, the halo rows of its output
+        /// window folded back onto their owners (`rules/conv.rs`).
+        fn $fwd(
             x: FloatTensor<Self>,
             weight: FloatTensor<Self>,
             bias: Option<FloatTensor<Self>>,
-            options: $opts,
+            options: ConvTransposeOptions<$n>,
         ) -> FloatTensor<Self> {
-            let xl = x.layout.clone();
-            let xs = prep::<B, FloatKind>(x, &xl, true);
-            let w = prep::<B, FloatKind>(weight, &xl, false);
-            let b = opt::<B>(bias, &xl);
-            run_batch::<B>(&xs, true, |i| {
-                B::$name(
-                    xs.per_device()[i].clone(),
-                    w.per_device()[i].clone(),
-                    b.as_ref().map(|b| b.per_device()[i].clone()),
-                    options.clone(),
-                )
+            conv::transpose::<B, $n>(x, weight, bias, options, B::$conv_dx, |x, w, b, o| {
+                batch_conv_transpose::<B, $n>(x, w, b, o, B::$fwd)
             })
+        }
+        fn $dw(
+            x: FloatTensor<Self>,
+            weight: FloatTensor<Self>,
+            output_grad: FloatTensor<Self>,
+            options: ConvTransposeOptions<$n>,
+        ) -> FloatTensor<Self> {
+            conv::transpose_weight_backward::<B, $n>(
+                x,
+                weight,
+                output_grad,
+                options,
+                B::$conv_dw,
+                B::$dw,
+            )
+        }
+        bias_backward!($db);
+    };
+}
+
+/// A convolution's (or transposed convolution's) `*_bias_backward`: [`bias_gradient`].
+macro_rules! bias_backward {
+    ($db:ident) => {
+        fn $db(
+            _x: FloatTensor<Self>,
+            bias: FloatTensor<Self>,
+            output_grad: FloatTensor<Self>,
+        ) -> FloatTensor<Self> {
+            bias_gradient::<B>(&bias, output_grad)
         }
     };
 }
@@ -181,13 +240,7 @@ macro_rules! conv_ops {
         ) -> FloatTensor<Self> {
             conv::weight_backward::<B, $n>(x, weight, output_grad, options, B::$dw)
         }
-        fn $db(
-            _x: FloatTensor<Self>,
-            bias: FloatTensor<Self>,
-            output_grad: FloatTensor<Self>,
-        ) -> FloatTensor<Self> {
-            bias_gradient::<B>(&bias, output_grad)
-        }
+        bias_backward!($db);
     };
 }
 
@@ -207,6 +260,21 @@ fn as_2d<B: Backend>(t: FT<B>) -> FT<B> {
     let mut dims = t.shape.clone();
     dims.push(1);
     DistributedBackend::<B>::float_reshape(t, dims.into())
+}
+
+/// A 1-D convolution's (or transposed convolution's) weight gradient as the 2-D one `f` (with
+/// the 2-D `options`) of its operands as [`as_2d`], reshaped back to the weight's shape `[a, b,
+/// kernel]`: a sharded length keeps its halo form.
+fn weight_grad_as_2d<B: Backend, O>(
+    x: FT<B>,
+    weight: FT<B>,
+    grad: FT<B>,
+    options: O,
+    f: impl FnOnce(FT<B>, FT<B>, FT<B>, O) -> FT<B>,
+) -> FT<B> {
+    let shape = weight.shape.clone();
+    let dw = f(as_2d::<B>(x), as_2d::<B>(weight), as_2d::<B>(grad), options);
+    DistributedBackend::<B>::float_reshape(dw, shape.into())
 }
 
 /// The 2-D options of a 1-D convolution run as [`as_2d`].
@@ -371,20 +439,39 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
         output_grad: FloatTensor<Self>,
         options: ConvOptions<1>,
     ) -> FloatTensor<Self> {
-        let shape = weight.shape.clone();
-        let (x, w, g) = (as_2d::<B>(x), as_2d::<B>(weight), as_2d::<B>(output_grad));
-        let dw = Self::conv2d_weight_backward(x, w, g, options_2d(&options));
-        Self::float_reshape(dw, shape.into())
+        let o = options_2d(&options);
+        weight_grad_as_2d::<B, _>(x, weight, output_grad, o, Self::conv2d_weight_backward)
     }
-    fn conv1d_bias_backward(
-        _x: FloatTensor<Self>,
-        bias: FloatTensor<Self>,
+    bias_backward!(conv1d_bias_backward);
+    conv_transpose_ops!(2: conv_transpose2d, conv_transpose2d_weight_backward,
+        conv_transpose2d_bias_backward; conv2d_x_backward, conv2d_weight_backward);
+    conv_transpose_ops!(3: conv_transpose3d, conv_transpose3d_weight_backward,
+        conv_transpose3d_bias_backward; conv3d_x_backward, conv3d_weight_backward);
+    /// As [`Self::conv1d_weight_backward`], for a transposed convolution (Burn's
+    /// `conv_transpose1d` runs as the 2-D one of `[batch, channels, length, 1]`).
+    fn conv_transpose1d_weight_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
         output_grad: FloatTensor<Self>,
+        options: ConvTransposeOptions<1>,
     ) -> FloatTensor<Self> {
-        bias_gradient::<B>(&bias, output_grad)
+        let o = &options;
+        let o = ConvTransposeOptions::new(
+            [o.stride[0], 1],
+            [o.padding[0], 0],
+            [o.padding_out[0], 0],
+            [o.dilation[0], 1],
+            o.groups,
+        );
+        weight_grad_as_2d::<B, _>(
+            x,
+            weight,
+            output_grad,
+            o,
+            Self::conv_transpose2d_weight_backward,
+        )
     }
-    batch_op!(conv conv_transpose2d, ConvTransposeOptions<2>);
-    batch_op!(conv conv_transpose3d, ConvTransposeOptions<3>);
+    bias_backward!(conv_transpose1d_bias_backward);
 
     fn deform_conv2d(
         x: FloatTensor<Self>,

@@ -196,6 +196,74 @@ pub fn conv(
     }
 }
 
+/// The plan of a transposed convolution (`conv_transpose2d`, `conv_transpose3d`;
+/// `conv_transpose1d` through the 2-D one) of `x` (global shape `[batch, channels_in,
+/// spatial...]`) by a weight of global shape `weight` (`[channels_in, channels_out / groups,
+/// kernel...]`), with per spatial dim `stride`, `padding`, `padding_out` and `dilation` (Burn's
+/// `ConvTransposeOptions`): the plan of the convolution it is the adjoint of, and the output's
+/// global shape `[batch, channels_out, spatial_out...]`, `spatial_out = (n - 1)s - 2p + d(k - 1) +
+/// 1 + padding_out` (Burn's `calculate_conv_transpose_output_size`).
+///
+/// A transposed convolution is the input gradient of the convolution with the same weight,
+/// stride, padding, dilation and groups, taken at `x` as that convolution's output gradient (Burn's
+/// `conv2d_x_backward` is a `conv_transpose2d`; the weight `[channels_in, channels_out / groups,
+/// kernel...]` is that convolution's `[channels_out, channels_in / groups, kernel...]`). So the
+/// output is that convolution's input, laid out as [`ConvPlan::x`], and `x` its output, laid out
+/// as [`ConvPlan::out`]: each device computes its window of the output from its own block of `x`
+/// alone, and the window's halo rows go back to the neighbours that own them and are added in
+/// (the adjoint of the halo exchange, one collective permute per sharded spatial dim).
+///
+/// `None` (the batch-parallel form: the spatial dims gathered) where no spatial dim keeps its
+/// sharding, and where the convolution of an output that long is not as long as `x` (an output
+/// padding not below the stride: Burn's input gradient then cuts rows off).
+pub fn conv_transpose(
+    x: &Layout,
+    x_shape: &[usize],
+    weight: &[usize],
+    [stride, padding, padding_out, dilation]: [&[usize]; 4],
+    groups: usize,
+) -> Option<(ConvPlan, Vec<usize>)> {
+    let kernel = &weight[2..];
+    let mut out_shape = vec![x_shape[0], weight[1] * groups];
+    for (s, &k) in kernel.iter().enumerate() {
+        out_shape.push(
+            burn::tensor::ops::conv::calculate_conv_transpose_output_size(
+                k,
+                stride[s],
+                padding[s],
+                padding_out[s],
+                dilation[s],
+                x_shape[2 + s],
+            ),
+        );
+    }
+    let plan = conv(
+        x,
+        &out_shape,
+        weight[0],
+        kernel,
+        [stride, padding, dilation],
+    );
+    (plan.out_shape == x_shape && !plan.halos.is_empty()).then_some((plan, out_shape))
+}
+
+/// The batch-parallel plan of `x` (dim 0 as `x`'s, every other dim whole) for an output of
+/// global shape `out_shape`: what [`conv`] gives when no spatial dim keeps its sharding, for an
+/// op whose geometry [`conv`] does not describe (a transposed convolution's weight gradient with
+/// an output padding not below the stride).
+pub fn batch(x: &Layout, out_shape: Vec<usize>) -> ConvPlan {
+    let mut l = x.without_partial();
+    for d in 1..l.dims.len() {
+        l.dims[d] = None;
+    }
+    ConvPlan {
+        x: l.clone(),
+        out: l,
+        out_shape,
+        halos: Vec::new(),
+    }
+}
+
 /// The plan of a 2-D pool (`avg_pool2d`, `max_pool2d`, `max_pool2d_with_indices` and their
 /// backward passes) of `x` (global shape `[batch, channels, height, width]`) with `kernel`,
 /// `stride`, `padding` and `dilation` (1 for an average pool): a convolution's geometry
@@ -298,5 +366,60 @@ mod tests {
         let short = conv(&x, &[2, 1, 8, 8], 1, &[7, 1], [&[1, 1], &[0, 0], &[1, 1]]);
         assert_eq!(short.out_shape[2], 2);
         assert!(short.halos.is_empty());
+    }
+
+    /// A DCGAN upsampling (kernel 4, stride 2, padding 1) of 8 rows over 4 blocks of 2: 16
+    /// output rows in blocks of 4, and the convolution it transposes reads `4c - 1 .. 4c + 5` for
+    /// the 2 rows of block `c`: one halo row on each side (by hand: `2c·2 - 1 .. (2c + 1)·2 - 1 +
+    /// 3 + 1`). An output padding of 1 below a stride of 2 keeps the plan; one at stride 1
+    /// (dilation 2) does not (the convolution of its output is a row longer than `x`).
+    #[test]
+    fn transposed_convolution_is_the_adjoint_plan() {
+        let m = mesh();
+        let x = Layout::new(&m, ["b", U, "h", U]).unwrap();
+        let (p, shape) = conv_transpose(
+            &x,
+            &[2, 6, 8, 5],
+            &[6, 3, 4, 4],
+            [&[2, 2], &[1, 1], &[0, 0], &[1, 1]],
+            1,
+        )
+        .unwrap();
+        assert_eq!(shape, vec![2, 3, 16, 10]);
+        assert_eq!(p.out_shape, vec![2, 6, 8, 5]);
+        let h = &p.halos[0];
+        assert_eq!(
+            (0..4).map(|c| h.window(c)).collect::<Vec<_>>(),
+            vec![-1..5, 3..9, 7..13, 11..17]
+        );
+        assert_eq!((h.left, h.right), (1, 1));
+        assert_eq!(p.x.dims.to_vec(), vec![Some(0), None, Some(1), None]);
+        let grouped = conv_transpose(
+            &x,
+            &[2, 6, 8, 5],
+            &[6, 1, 3, 3],
+            [&[2, 2], &[1, 1], &[1, 1], &[1, 1]],
+            3,
+        );
+        assert_eq!(grouped.unwrap().1, vec![2, 3, 16, 10]);
+        let longer = conv_transpose(
+            &x,
+            &[2, 6, 8, 5],
+            &[6, 3, 3, 3],
+            [&[1, 1], &[1, 1], &[1, 1], &[2, 2]],
+            1,
+        );
+        assert!(longer.is_none());
+        let whole = Layout::new(&m, ["b", U, U, U]).unwrap();
+        assert!(
+            conv_transpose(
+                &whole,
+                &[2, 6, 8, 5],
+                &[6, 3, 4, 4],
+                [&[2, 2], &[1, 1], &[0, 0], &[1, 1]],
+                1
+            )
+            .is_none()
+        );
     }
 }

@@ -17,7 +17,8 @@
 //! | slice, select, gather, scatter, cat | [`index`] | per shard when the indexed dim is unsharded; select, gather (where cheaper) and their adds masked on a sharded one |
 //! | convolutions (conv1d/2d/3d) and their gradients | [`conv`] | batch and spatial dims kept (halo exchange), channels whole |
 //! | 2-D pools (avg, max, max with indices) and their gradients | [`conv::pool`] | batch, channel and spatial dims kept (halo exchange) |
-//! | batch-parallel module ops (transposed conv, adaptive pool, interpolate, attention); embedding | [`module`] | dim 0 kept; the ids' sharding |
+//! | transposed convolutions (conv_transpose1d/2d/3d) and their gradients | [`conv::conv_transpose`] | batch and spatial dims kept (the convolution's adjoint: overlap rows folded back), channels whole |
+//! | batch-parallel module ops (adaptive pool, interpolate, attention); embedding | [`module`] | dim 0 kept; the ids' sharding |
 //! | everything else | [`fallback`] | replicated |
 
 pub mod conv;
