@@ -1,11 +1,12 @@
-//! A fully convolutional network's training step (three 3x3 `Conv2d`, padding 1, ReLU between,
-//! a 3x3 max pool of stride 1 before the last convolution, mean squared error against a target
-//! image, SGD) on 8 virtual devices, as a ratio to the bare backend's step measured in the same
+//! A fully convolutional encoder-decoder's training step (a 3x3 `Conv2d`, a 3x3 one of stride 2
+//! down to half the resolution, a 3x3 max pool of stride 1, a `ConvTranspose2d` of kernel 4 and
+//! stride 2 back up (DCGAN's upsampling), a last 3x3 `Conv2d`; padding 1, ReLU between; mean
+//! squared error against a target image, SGD) on 8 virtual devices, as a ratio to the bare backend's step measured in the same
 //! run, with the bytes the step's collectives move:
 //! - `data`: mesh `batch=8`, the images sharded on the batch;
 //! - `spatial`: mesh `batch=2,h=2,w=2`, the images sharded on batch, height and width (each
 //!   device a quarter of 2 images: halos exchanged between neighbours for the convolutions
-//!   and the pool, `rules/conv.rs`);
+//!   and the pool, overlap rows folded back for the transposed convolution, `rules/conv.rs`);
 //! - `spatial-h`: mesh `h=8`, the height alone sharded (every device a band of every image).
 //!
 //! Parameters are replicated (created on the mesh); their gradients are pending sums settled by
@@ -18,7 +19,7 @@ use std::time::Instant;
 use burn::backend::{Autodiff, NdArray};
 use burn::module::Module;
 use burn::nn::PaddingConfig2d;
-use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::conv::{Conv2d, Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig};
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::activation::relu;
@@ -38,29 +39,36 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Module, Debug)]
 struct Fcn<B: Backend> {
     conv1: Conv2d<B>,
-    conv2: Conv2d<B>,
+    down: Conv2d<B>,
+    up: ConvTranspose2d<B>,
     conv3: Conv2d<B>,
 }
 
 impl<B: Backend> Fcn<B> {
     /// `[batch, c, h, w]` to `[batch, c, h, w]` (`c` channels in and out, `hidden` inside).
     fn new(c: usize, hidden: usize, device: &B::Device) -> Self {
-        let conv = |i, o| {
+        let conv = |i, o, s| {
             Conv2dConfig::new([i, o], [3, 3])
+                .with_stride([s, s])
                 .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
                 .init(device)
         };
         Self {
-            conv1: conv(c, hidden),
-            conv2: conv(hidden, hidden),
-            conv3: conv(hidden, c),
+            conv1: conv(c, hidden, 1),
+            down: conv(hidden, hidden, 2),
+            up: ConvTranspose2dConfig::new([hidden, hidden], [4, 4])
+                .with_stride([2, 2])
+                .with_padding([1, 1])
+                .init(device),
+            conv3: conv(hidden, c, 1),
         }
     }
     fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let x = relu(self.conv1.forward(x));
-        let x = relu(self.conv2.forward(x));
+        let x = relu(self.down.forward(x));
         // A 3x3 max filter (stride 1, padding 1): a pool that reads its neighbours' rows.
         let x = max_pool2d(x, [3, 3], [1, 1], [1, 1], [1, 1], false);
+        let x = relu(self.up.forward(x));
         self.conv3.forward(x)
     }
 }
