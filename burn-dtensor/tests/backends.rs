@@ -787,26 +787,33 @@ pub fn spatial_convolution<I: Backend>(device: I::Device) {
 
 /// Pools of an image sharded over its height and width (halo exchanges, the window's padding
 /// filled with `-inf` for the max pool, the inner backend's pools and their backward passes per
-/// device, the max pool's indices mapped between windows and the global plane): the outputs,
-/// the indices and the input's gradient against the inner backend's `Autodiff` on the whole
-/// tensor.
+/// device, the max pool's indices mapped between windows and the global plane; the global
+/// average as a pending sum): the outputs, the indices and the input's gradient against the
+/// inner backend's `Autodiff` on the whole tensor.
 pub fn spatial_pools<I: Backend>(device: I::Device) {
-    use burn::tensor::module::{avg_pool2d, max_pool2d, max_pool2d_with_indices};
+    use burn::tensor::module::{
+        adaptive_avg_pool2d, avg_pool2d, max_pool2d, max_pool2d_with_indices,
+    };
     type Ad<I> = burn::backend::Autodiff<I>;
     type Dd<I> = burn::backend::Autodiff<DistributedBackend<I>>;
     let m = mesh::<I>(&device);
     let wave = |n: usize, f: f32| (0..n).map(|i| (i as f32 * f).sin()).collect::<Vec<_>>();
     let dx = TensorData::new(wave(2 * 3 * 11 * 10, 0.37), [2, 3, 11, 10]);
-    fn run<B: burn::tensor::backend::AutodiffBackend>(x: Tensor<B, 4>) -> [TensorData; 4] {
+    fn run<B: burn::tensor::backend::AutodiffBackend>(x: Tensor<B, 4>) -> [TensorData; 5] {
         let y = max_pool2d(x.clone(), [3, 3], [2, 2], [1, 1], [1, 1], false);
         let z = avg_pool2d(x.clone(), [3, 3], [1, 1], [1, 1], true, false);
         let (_, ix) = max_pool2d_with_indices(x.clone(), [2, 2], [1, 1], [0, 0], [1, 1], false);
-        let loss = (y.clone() * y.clone().cos()).sum() + (z.clone() * z.clone().sin()).sum();
+        // The global average: a pending sum over the spatial axes, its backward per block.
+        let a = adaptive_avg_pool2d(x.clone(), [1, 1]);
+        let loss = (y.clone() * y.clone().cos()).sum()
+            + (z.clone() * z.clone().sin()).sum()
+            + (a.clone() * a.clone().exp()).sum();
         let g = loss.backward();
         let f = |t: Tensor<B, 4>| t.into_data().convert::<f32>();
         [
             f(y),
             f(z),
+            f(a),
             ix.into_data().convert::<i64>(),
             x.grad(&g).unwrap().into_data().convert::<f32>(),
         ]
@@ -821,7 +828,7 @@ pub fn spatial_pools<I: Backend>(device: I::Device) {
         let x: Tensor<Dd<I>, 4> = distribute(dx.clone(), &xl).unwrap();
         let got = run::<Dd<I>>(x.require_grad());
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            if i == 2 {
+            if i == 3 {
                 assert_eq!(g, w, "indices on {xl}");
             } else {
                 g.assert_approx_eq::<f32>(w, tol());

@@ -2355,6 +2355,54 @@ fn image_meshes() -> Vec<(Mesh<Dev>, [&'static str; 4])> {
         .collect()
 }
 
+/// A global average pool (`adaptive_avg_pool2d` to `[1, 1]`, a ResNet's head) of an image
+/// sharded over its height and/or width moves nothing: each device averages its block over the
+/// global count, leaving a pending sum over the axes that sharded those dims (the batch kept);
+/// `adaptive_avg_pool1d` to 1 of a sharded length likewise. Other output sizes run
+/// batch-parallel. Values and every shard (settled) against NdArray on the whole tensor.
+#[test]
+fn global_average_pool_is_a_pending_sum() {
+    use burn::tensor::module::{adaptive_avg_pool1d, adaptive_avg_pool2d};
+    let dx = data(&[4, 6, 11, 10], 41);
+    for (m, spec) in image_meshes() {
+        let xl = Layout::new(&m, spec).unwrap();
+        let (y, log) = record_comms(|| adaptive_avg_pool2d(dist::<4>(&dx, &xl), [1, 1]));
+        assert!(log.events.is_empty(), "{xl}: {log}");
+        let l = y.layout();
+        assert_eq!(l.dim_axis(0), xl.dim_axis(0), "{l}");
+        for d in [2, 3] {
+            if let Some(a) = xl.dim_axis(d) {
+                assert!(
+                    l.partial(a).is_some(),
+                    "{xl}: pending over dim {d}'s axis: {l}"
+                );
+            }
+        }
+        check(
+            &format!("{xl} global average"),
+            y,
+            adaptive_avg_pool2d(orc::<4>(&dx), [1, 1]),
+        );
+        let y = adaptive_avg_pool2d(dist::<4>(&dx, &xl), [3, 2]);
+        assert!(!y.layout().is_partial(), "{}", y.layout());
+        check(
+            &format!("{xl} adaptive [3, 2]"),
+            y,
+            adaptive_avg_pool2d(orc::<4>(&dx), [3, 2]),
+        );
+    }
+    let m = Mesh::virtual_devices([("batch", 2), ("t", 4)], Dev::default()).unwrap();
+    let d1 = data(&[2, 3, 21], 42);
+    let xl = Layout::new(&m, ["batch", UNSHARDED, "t"]).unwrap();
+    let (y, log) = record_comms(|| adaptive_avg_pool1d(dist::<3>(&d1, &xl), 1));
+    assert!(log.events.is_empty(), "{log}");
+    check(
+        "adaptive_avg_pool1d",
+        y,
+        adaptive_avg_pool1d(orc::<3>(&d1), 1),
+    );
+}
+
 /// Spatial parallelism for transposed convolutions (a decoder's upsampling): `conv_transpose2d`
 /// of an input sharded over its height (and width) keeps those shards, each device computing its
 /// output window from its own block alone and sending the window's overlap rows back to the

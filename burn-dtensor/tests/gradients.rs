@@ -935,6 +935,67 @@ fn spatial_parallel_transposed_convolution() {
     }
 }
 
+/// A ResNet-style classifier head of `burn::nn` modules: a 3x3 convolution, ReLU, the global
+/// average pool (`AdaptiveAvgPool2d` to `[1, 1]`) and a linear layer to 5 classes.
+#[derive(Module, Debug)]
+struct Classifier<B: Backend> {
+    conv: burn::nn::conv::Conv2d<B>,
+    pool: burn::nn::pool::AdaptiveAvgPool2d,
+    head: Linear<B>,
+}
+
+impl<B: Backend> SpatialNet<B> for Classifier<B> {
+    fn new(device: &B::Device) -> Self {
+        use burn::nn::PaddingConfig2d;
+        use burn::nn::conv::Conv2dConfig;
+        use burn::nn::pool::AdaptiveAvgPool2dConfig;
+        Self {
+            conv: Conv2dConfig::new([3, 6], [3, 3])
+                .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+                .init(device),
+            pool: AdaptiveAvgPool2dConfig::new([1, 1]).init(),
+            head: LinearConfig::new(6, 5).init(device),
+        }
+    }
+    /// `x` `[batch, 3, h, w]` -> a scalar: the logits `[batch, 5]` weighted (so every logit has
+    /// its own gradient).
+    fn loss(&self, x: Tensor<B, 4>) -> Tensor<B, 1> {
+        let y = self.pool.forward(relu(self.conv.forward(x)));
+        let [n, c, _, _] = y.dims();
+        let logits = self.head.forward(y.reshape([n, c]));
+        let weights = Tensor::<B, 1, Int>::arange(0..(n * 5) as i64, &logits.device())
+            .float()
+            .reshape([n, 5])
+            .sin();
+        (logits * weights).sum()
+    }
+}
+
+/// A ResNet-style head on a spatially sharded image (`batch=2, h=2, w=2`): the global average
+/// pool leaves a pending sum over `h` and `w` (each device averages its block over the global
+/// count) that the classifier settles on `[batch, classes]`-sized values; the image is never
+/// gathered. Loss, the input gradient (in the input's layout, the backward pass spreading the
+/// pooled gradient over each device's own block) and every parameter's gradient equal
+/// `Autodiff<NdArray>`'s on the whole tensors.
+#[test]
+fn spatial_parallel_global_average_pool() {
+    let (n, h, w) = (4, 10, 12);
+    let x = TensorData::new(
+        (0..n * 3 * h * w)
+            .map(|i| (i as f32 * 0.41).cos())
+            .collect::<Vec<_>>(),
+        [n, 3, h, w],
+    );
+    let comms = spatial_step::<Classifier<Ref>, Classifier<Dist>>(x, 4);
+    assert_eq!(comms.count(CollectiveKind::AllGather), 0, "{comms}");
+    // Past the convolution's halos, only values of at most `batch x channels` cross.
+    for e in &comms.events {
+        if e.kind != CollectiveKind::CollectivePermute {
+            assert!(e.shape.iter().product::<usize>() <= n * 6, "{comms}");
+        }
+    }
+}
+
 /// Spatial parallelism through pools: `max_pool2d` (3x3, stride 2, padding 1: a ResNet stem's)
 /// then `avg_pool2d` (2x2, stride 2) of an image sharded on batch, height and width, and the
 /// input's gradient through both (Burn's max pool backward goes through the global indices):

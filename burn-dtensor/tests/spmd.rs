@@ -1200,9 +1200,9 @@ fn gradients_across_processes() {
 /// their chunk of `Autodiff<NdArray>` on the whole tensors, the input gradient keeps the
 /// input's layout, and the gathered values are bitwise those of the same mesh in one process.
 /// The halo rows cross processes only between neighbours (bytes counted by hand). Pools (max
-/// with its global indices, average, and the input's gradient through them) on the same shards
-/// equal NdArray's on the whole tensor and, bitwise, the one-process mesh's; so does a transposed
-/// convolution (its output in the input's layout) and its gradients.
+/// with its global indices, average, the global average, and the input's gradient through them)
+/// on the same shards equal NdArray's on the whole tensor and, bitwise, the one-process mesh's;
+/// so does a transposed convolution (its output in the input's layout) and its gradients.
 #[test]
 fn spatial_convolution_across_processes() {
     let name = "spatial_convolution_across_processes";
@@ -1260,19 +1260,25 @@ fn spatial_convolution_across_processes() {
         (out.inner(), gx, gw, gb)
     };
     // Max pool (a ResNet stem's), its indices (2x2, stride 1), an average pool (3x3, stride 1,
-    // padding counted) and the input's gradient through both pools.
+    // padding counted), the global average (a pending sum over the spatial axes) and the input's
+    // gradient through the three pools.
     fn pools<B: burn::tensor::backend::AutodiffBackend>(
         x: Tensor<B, 4>,
-    ) -> ([TensorData; 3], Vec<i64>) {
-        use burn::tensor::module::{avg_pool2d, max_pool2d, max_pool2d_with_indices};
+    ) -> ([TensorData; 4], Vec<i64>) {
+        use burn::tensor::module::{
+            adaptive_avg_pool2d, avg_pool2d, max_pool2d, max_pool2d_with_indices,
+        };
         let y = max_pool2d(x.clone(), [3, 3], [2, 2], [1, 1], [1, 1], false);
         let z = avg_pool2d(x.clone(), [3, 3], [1, 1], [1, 1], true, false);
         let (_, ix) = max_pool2d_with_indices(x.clone(), [2, 2], [1, 1], [0, 0], [1, 1], false);
-        let g =
-            ((y.clone() * y.clone().cos()).sum() + (z.clone() * z.clone().sin()).sum()).backward();
+        let a = adaptive_avg_pool2d(x.clone(), [1, 1]);
+        let g = ((y.clone() * y.clone().cos()).sum()
+            + (z.clone() * z.clone().sin()).sum()
+            + (a.clone() * a.clone().exp()).sum())
+        .backward();
         let gx = x.grad(&g).unwrap().into_data();
         let ix = ix.into_data().convert::<i64>().to_vec().unwrap();
-        ([y.into_data(), z.into_data(), gx], ix)
+        ([y.into_data(), z.into_data(), a.into_data(), gx], ix)
     }
     let want_pools = {
         let (v, ix) = pools(Tensor::<AN, 4>::from_data(dx.clone(), &dev).require_grad());
@@ -1388,7 +1394,7 @@ fn spatial_convolution_across_processes() {
         // Pools on the same shards (halo rows across processes, the max pool's global indices):
         // equal to NdArray's on the whole tensor, bitwise the one-process mesh's.
         let (pools, pools_one) = (run_pools(&m, &spec), run_pools(&one, &spec));
-        for (i, label) in ["max", "avg", "dx"].iter().enumerate() {
+        for (i, label) in ["max", "avg", "global average", "dx"].iter().enumerate() {
             let got = pools.0[i].to_vec::<f32>().unwrap();
             close(&format!("{what} pools {label}"), &got, &want_pools.0[i]);
             assert_eq!(pools.0[i], pools_one.0[i], "{what} pools {label}: bitwise");

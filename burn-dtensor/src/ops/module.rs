@@ -7,7 +7,7 @@
 //! dims kept sharded, halos exchanged between neighbours, `ops/halo.rs`); the transposed
 //! convolutions and their weight and bias gradients too, as the convolution's adjoint
 //! (`rules::conv::conv_transpose`; their input gradient is Burn's default, a convolution); the
-//! 2-D pools and
+//! global average pool (`adaptive_avg_pool2d` to `[1, 1]`, a pending sum) and the 2-D pools and
 //! their backward passes on `ops/pool.rs` (`rules/conv.rs::pool`: the same halos, channels
 //! kept sharded) where its plan applies. `layer_norm` and the 1-D pools (through the 2-D ones) are
 //! Burn's defaults built on the float primitives (so they inherit the efficient rules); the
@@ -30,6 +30,7 @@ use super::weight_grads;
 use crate::backend::DistributedBackend;
 use crate::layout::Layout;
 use crate::redistribute::{execute, redistribute};
+use crate::rules::conv::global_average;
 use crate::rules::matmul::Keep;
 use crate::rules::module;
 use crate::stack::At;
@@ -596,13 +597,21 @@ impl<B: Backend> ModuleOps<Self> for DistributedBackend<B> {
             B::avg_pool2d_backward(x, g, k, s, p, cip, ceil)
         })
     }
+    /// A global average (`output_size` `[1, 1]`) of a spatially sharded input: a pending sum
+    /// (`ops/pool.rs`, `rules::conv::global_average`); other sizes batch-parallel.
     fn adaptive_avg_pool2d(x: FloatTensor<Self>, output_size: [usize; 2]) -> FloatTensor<Self> {
+        if global_average(&x.layout, &x.shape, output_size) {
+            return pool::global_average::<B>(x);
+        }
         batch_map::<B>(x, |x| B::adaptive_avg_pool2d(x, output_size))
     }
     fn adaptive_avg_pool2d_backward(
         x: FloatTensor<Self>,
         grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
+        if global_average(&x.layout, &x.shape, [grad.shape[2], grad.shape[3]]) {
+            return pool::global_average_backward::<B>(x, grad);
+        }
         batch_map_grad::<B>(x, grad, B::adaptive_avg_pool2d_backward)
     }
     fn max_pool2d(

@@ -12,6 +12,9 @@
 //! `(r + row0) * width + (c + col0)` with `(row0, col0)` its window's first global position,
 //! and the backward pass maps it back before the inner backend scatters the gradient into the
 //! window.
+//!
+//! **The global average pool** (`adaptive_avg_pool2d` to `[1, 1]`, [`global_average`]) needs no
+//! halo: each device averages its block over the global count, a pending sum.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
@@ -19,6 +22,7 @@ use burn::tensor::{Shape, TensorMetadata};
 
 use super::dispatch::run_positions;
 use super::halo::{coord_of, fold_windows, window, window_shape, windows};
+use crate::backend::DistributedBackend;
 use crate::redistribute::execute;
 use crate::rules::conv::ConvPlan;
 use crate::tensor::{DTensor, FloatKind, IntKind};
@@ -191,4 +195,34 @@ pub(crate) fn avg_backward<B: Backend>(
     backward::<B>(x, grad, plan, |xj, gj, _| {
         B::avg_pool2d_backward(xj, gj, k, s, p, count_include_pad, false)
     })
+}
+
+/// A global average pool (`adaptive_avg_pool2d` to `[1, 1]`) of `x` `[batch, channels, height,
+/// width]` with its height or width sharded ([`crate::rules::conv::global_average`]): the mean
+/// over the width, then over the height, each per shard over the global count, so the output
+/// `[batch, channels, 1, 1]` is a pending sum over the axes that sharded them (`float_mean_dim`'s
+/// rule), its batch and channels as `x`'s.
+pub(crate) fn global_average<B: Backend>(x: FT<B>) -> FT<B> {
+    use burn::tensor::ops::FloatTensorOps;
+    type D<B> = DistributedBackend<B>;
+    D::<B>::float_mean_dim(D::<B>::float_mean_dim(x, 3), 2)
+}
+
+/// The input gradient of [`global_average`] (`[batch, channels, height, width]`, laid out as `x`
+/// without pending sums): `grad` (`[batch, channels, 1, 1]`) divided by `height × width` and
+/// expanded over each device's own block; only `x`'s shape and layout are read.
+pub(crate) fn global_average_backward<B: Backend>(x: FT<B>, grad: FT<B>) -> FT<B> {
+    let xl = x.layout.without_partial();
+    let mut gl = xl.clone();
+    (gl.dims[2], gl.dims[3]) = (None, None);
+    let g = execute::<B, FloatKind>(grad, &gl);
+    let shape = x.shape.clone();
+    drop(x);
+    let count = (shape[2] * shape[3]) as f64;
+    let per_device = run_positions::<B, _>(&g, &[&xl], |j| {
+        let block = xl.shard_shape(&shape, xl.mesh.global(j));
+        let gj = B::float_div_scalar(g.per_device()[j].clone(), count.into());
+        B::float_expand(gj, Shape::from(block))
+    });
+    DTensor::from_parts(shape, xl, per_device)
 }

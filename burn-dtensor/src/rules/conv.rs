@@ -303,6 +303,20 @@ pub fn pool(
     Some(plan)
 }
 
+/// Whether an adaptive average pool of `x` (global shape `[batch, channels, height, width]`) to
+/// `output` keeps the spatial shards: a *global* average (`output` `[1, 1]`: the head of a ResNet,
+/// `burn::nn::pool::AdaptiveAvgPool2d`) of an input whose height or width is sharded, no shard
+/// empty. Each device then averages its block over the *global* count `height × width` (the mean's
+/// rule, `rules/reduce.rs`), which leaves a pending sum over the axes sharding those dims, settled
+/// where a consumer needs it (one all-reduce of `[batch, channels]` values), never the image
+/// gathered; the backward pass spreads `grad / (height × width)` over each device's own block.
+/// Other output sizes (windows that straddle blocks unevenly) stay batch-parallel.
+pub fn global_average(x: &Layout, x_shape: &[usize], output: [usize; 2]) -> bool {
+    output == [1, 1]
+        && (x.dims[2].is_some() || x.dims[3].is_some())
+        && !crate::layout::has_empty_shard(x, x_shape)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -421,5 +435,18 @@ mod tests {
             )
             .is_none()
         );
+    }
+
+    /// The global average keeps a sharded height or width (a pending sum) and refuses other
+    /// output sizes, an unsharded image and an empty block.
+    #[test]
+    fn global_average_needs_a_sharded_spatial_dim_and_no_empty_block() {
+        let m = mesh();
+        let h = Layout::new(&m, ["b", U, "h", U]).unwrap();
+        assert!(global_average(&h, &[2, 3, 8, 8], [1, 1]));
+        assert!(!global_average(&h, &[2, 3, 8, 8], [2, 1]));
+        assert!(!global_average(&h, &[2, 3, 3, 8], [1, 1]));
+        let b = Layout::new(&m, ["b", U, U, U]).unwrap();
+        assert!(!global_average(&b, &[2, 3, 8, 8], [1, 1]));
     }
 }

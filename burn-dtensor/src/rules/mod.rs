@@ -18,7 +18,8 @@
 //! | convolutions (conv1d/2d/3d) and their gradients | [`conv`] | batch and spatial dims kept (halo exchange), channels whole |
 //! | 2-D pools (avg, max, max with indices) and their gradients | [`conv::pool`] | batch, channel and spatial dims kept (halo exchange) |
 //! | transposed convolutions (conv_transpose1d/2d/3d) and their gradients | [`conv::conv_transpose`] | batch and spatial dims kept (the convolution's adjoint: overlap rows folded back), channels whole |
-//! | batch-parallel module ops (adaptive pool, interpolate, attention); embedding | [`module`] | dim 0 kept; the ids' sharding |
+//! | global average pool (adaptive avg pool to `[1, 1]`) of a spatially sharded input | [`conv::global_average`] | batch kept, a pending sum over the spatial axes |
+//! | batch-parallel module ops (other adaptive pools, interpolate, attention); embedding | [`module`] | dim 0 kept; the ids' sharding |
 //! | everything else | [`fallback`] | replicated |
 
 pub mod conv;
