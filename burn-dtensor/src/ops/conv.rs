@@ -48,6 +48,17 @@ fn plan_of<const N: usize>(
     )
 }
 
+/// The plan of a transposed convolution of `x` by `weight` with `o` ([`conv_transpose`]: the
+/// plan of the convolution it transposes, and the output's global shape).
+fn transpose_plan_of<T, const N: usize>(
+    x: &DTensor<T>,
+    weight: &DTensor<T>,
+    o: &ConvTransposeOptions<N>,
+) -> Option<(ConvPlan, Vec<usize>)> {
+    let geometry = [&o.stride[..], &o.padding, &o.padding_out, &o.dilation];
+    conv_transpose(&x.layout, &x.shape, &weight.shape, geometry, o.groups)
+}
+
 /// The options each device runs with: no padding on a dim with a halo
 /// ([`ConvPlan::local_padding`]).
 fn local<const N: usize>(o: &ConvOptions<N>, plan: &ConvPlan) -> ConvOptions<N> {
@@ -239,10 +250,7 @@ pub(crate) fn transpose<B: Backend, const N: usize>(
     batch: impl FnOnce(FT<B>, FT<B>, Option<FT<B>>, ConvTransposeOptions<N>) -> FT<B>,
 ) -> FT<B> {
     let o = &options;
-    let geometry = [&o.stride[..], &o.padding, &o.padding_out, &o.dilation];
-    let Some((plan, shape)) =
-        conv_transpose(&x.layout, &x.shape, &weight.shape, geometry, o.groups)
-    else {
+    let Some((plan, shape)) = transpose_plan_of(&x, &weight, o) else {
         return batch(x, weight, bias, options);
     };
     super::common::same_mesh(&plan.out, &x.layout);
@@ -275,8 +283,7 @@ pub(crate) fn transpose_weight_backward<B: Backend, const N: usize>(
     inner: impl Fn(P<B>, P<B>, P<B>, ConvTransposeOptions<N>) -> P<B> + Sync,
 ) -> FT<B> {
     let o = &options;
-    let geometry = [&o.stride[..], &o.padding, &o.padding_out, &o.dilation];
-    match conv_transpose(&x.layout, &x.shape, &weight.shape, geometry, o.groups) {
+    match transpose_plan_of(&x, &weight, o) {
         Some((plan, _)) => {
             let opts = local(&adjoint_options(o), &plan);
             weight_gradient::<B>(&plan, grad, weight, x, |g, w, x| {

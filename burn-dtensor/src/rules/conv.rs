@@ -247,15 +247,14 @@ pub fn conv_transpose(
     (plan.out_shape == x_shape && !plan.halos.is_empty()).then_some((plan, out_shape))
 }
 
-/// The batch-parallel plan of `x` (dim 0 as `x`'s, every other dim whole) for an output of
-/// global shape `out_shape`: what [`conv`] gives when no spatial dim keeps its sharding, for an
-/// op whose geometry [`conv`] does not describe (a transposed convolution's weight gradient with
-/// an output padding not below the stride).
+/// The batch-parallel plan of `x` (dim 0 as `x`'s, every other dim whole: the batch-parallel
+/// rule's layout, [`super::module::batch_parallel`]) for an output of global shape `out_shape`:
+/// what [`conv`] gives when no spatial dim keeps its sharding, for an op whose geometry [`conv`]
+/// does not describe (a transposed convolution's weight gradient with an output padding not
+/// below the stride).
 pub fn batch(x: &Layout, out_shape: Vec<usize>) -> ConvPlan {
-    let mut l = x.without_partial();
-    for d in 1..l.dims.len() {
-        l.dims[d] = None;
-    }
+    let r = x.dims.len();
+    let l = super::module::batch_parallel(x, &[true], &[r], r).inputs[0].clone();
     ConvPlan {
         x: l.clone(),
         out: l,

@@ -1,9 +1,10 @@
 //! Batch-parallel module ops (adaptive pooling, interpolate, attention; the convolutions, their
 //! transposed forms, the 2-D pools and the global average pool have their own rules,
-//! [`super::conv`], and run here only where those keep no spatial shard): with the input sharded only along dim 0
-//! (the batch) and every other operand replicated, each shard runs the inner op on its own
-//! samples and the output keeps the batch sharding. Any other layout is first redistributed to
-//! that form. The embedding lookup and its backward (below) carry the ids' sharding instead.
+//! [`super::conv`], and run here only where those keep no spatial shard): with the input sharded
+//! only along dim 0 (the batch) and every other operand replicated, each shard runs the inner op
+//! on its own samples and the output keeps the batch sharding. Any other layout is first
+//! redistributed to that form. The embedding lookup and its backward (below) carry the ids'
+//! sharding instead.
 
 use super::Strategy;
 use crate::layout::{Layout, ReduceOp};
